@@ -1,0 +1,506 @@
+// Package loop is a typed API over Linux loop devices: ioctls on
+// /dev/loop-control and /dev/loopN, lookups through sysfs. It knows nothing
+// of volumes: callers name a backing file and get a device, or name a
+// device and an identity of the backing file they expect it to hold.
+//
+// Ownership: every function opens and closes its own file descriptors; no
+// descriptor outlives a call. Devices are attached without LO_FLAGS_AUTOCLEAR,
+// so they stay bound after the attaching process exits and until Detach (or a
+// reboot). The kernel only sets autoclear itself when LOOP_CLR_FD is asked of
+// a device that is still open elsewhere; Detach reports that as ErrDeferred.
+package loop
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+const controlPath = "/dev/loop-control"
+
+var (
+	// ErrNotAttached is returned when a device has no backing file bound.
+	ErrNotAttached = errors.New("loop device not attached")
+	// ErrNotOwned is returned when a device's backing file is not the one the
+	// caller proved ownership of; nothing was changed.
+	ErrNotOwned = errors.New("loop device backed by another file")
+	// ErrBusy is returned when a device is mounted, held or open and the
+	// requested change was refused; nothing was changed.
+	ErrBusy = errors.New("loop device in use")
+	// ErrDeferred is returned when LOOP_CLR_FD was accepted but the kernel
+	// only marked the device for autoclear because another opener still
+	// holds it: it detaches when the last opener closes.
+	ErrDeferred = errors.New("loop detach deferred until last close")
+)
+
+// FileID identifies a backing file the way the kernel records it in
+// lo_device/lo_inode: by device and inode, never by path.
+type FileID struct {
+	Dev   uint64
+	Inode uint64
+}
+
+// FileIDOf returns the identity of the file at path.
+func FileIDOf(path string) (FileID, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return FileID{}, fmt.Errorf("stat %s: %w", path, err)
+	}
+	return FileID{Dev: st.Dev, Inode: st.Ino}, nil
+}
+
+// Device describes a bound loop device.
+type Device struct {
+	Path      string // /dev/loopN
+	Number    int
+	Backing   FileID
+	Tag       string // lo_file_name as set at attach time
+	Flags     uint32
+	BlockSize uint32 // logical block size in bytes
+}
+
+// DirectIO reports whether the kernel performs direct I/O on the backing file.
+func (d *Device) DirectIO() bool { return d.Flags&unix.LO_FLAGS_DIRECT_IO != 0 }
+
+// Autoclear reports whether the device detaches itself on last close.
+func (d *Device) Autoclear() bool { return d.Flags&unix.LO_FLAGS_AUTOCLEAR != 0 }
+
+// ReadOnly reports whether the device refuses writes.
+func (d *Device) ReadOnly() bool { return d.Flags&unix.LO_FLAGS_READ_ONLY != 0 }
+
+// Partscan reports whether the kernel scans the device for partitions.
+func (d *Device) Partscan() bool { return d.Flags&unix.LO_FLAGS_PARTSCAN != 0 }
+
+// AttachOptions configures a new binding.
+type AttachOptions struct {
+	// Tag is stored in lo_file_name (at most 63 bytes), so `losetup -l` and
+	// a sysfs-less lookup can tell whose device this is.
+	Tag string
+	// DirectIO asks for O_DIRECT on the backing file. If the kernel or the
+	// backing filesystem refuses, Attach falls back to buffered I/O and the
+	// returned Device says so.
+	DirectIO bool
+	// BlockSize is the logical block size; 0 lets the kernel choose (512).
+	BlockSize uint32
+	ReadOnly  bool
+	// Partscan makes the kernel read the partition table (loopNpM).
+	Partscan bool
+}
+
+func (o AttachOptions) flags(directIO bool) uint32 {
+	var f uint32
+	if directIO {
+		f |= unix.LO_FLAGS_DIRECT_IO
+	}
+	if o.ReadOnly {
+		f |= unix.LO_FLAGS_READ_ONLY
+	}
+	if o.Partscan {
+		f |= unix.LO_FLAGS_PARTSCAN
+	}
+	return f
+}
+
+// attachRetries bounds how often Attach retries a free device that another
+// process (one not honouring the control lock) grabbed first.
+const attachRetries = 64
+
+// Attach binds backingPath to a free loop device and returns it. It does not
+// look for an existing binding of the same file: callers that need
+// idempotency look first (Find) under their own lock.
+//
+// Concurrent attaches are serialised with an exclusive flock on
+// /dev/loop-control (as systemd does); processes that do not take the lock
+// can still race us to a free device, so EBUSY is retried with bounded jitter.
+func Attach(backingPath string, opts AttachOptions) (*Device, error) {
+	if len(opts.Tag) >= unix.LO_NAME_SIZE {
+		return nil, fmt.Errorf("attach %s: tag %q longer than %d bytes", backingPath, opts.Tag, unix.LO_NAME_SIZE-1)
+	}
+	mode := unix.O_RDWR
+	if opts.ReadOnly {
+		mode = unix.O_RDONLY
+	}
+	backing, err := os.OpenFile(backingPath, mode|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("attach %s: %w", backingPath, err)
+	}
+	defer backing.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(backing.Fd()), &st); err != nil {
+		return nil, fmt.Errorf("attach %s: fstat: %w", backingPath, err)
+	}
+	want := FileID{Dev: st.Dev, Inode: st.Ino}
+
+	control, err := os.OpenFile(controlPath, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("attach %s: %w", backingPath, err)
+	}
+	defer control.Close()
+	if err := flock(int(control.Fd()), unix.LOCK_EX); err != nil {
+		return nil, fmt.Errorf("attach %s: lock %s: %w", backingPath, controlPath, err)
+	}
+	// Closing control releases the lock.
+
+	for attempt := 0; ; attempt++ {
+		dev, err := attachFree(int(control.Fd()), backing, want, opts)
+		if err == nil {
+			return dev, nil
+		}
+		if !errors.Is(err, unix.EBUSY) || attempt >= attachRetries {
+			return nil, fmt.Errorf("attach %s: %w", backingPath, err)
+		}
+		// Someone outside our lock took the device; back off a little.
+		time.Sleep(time.Duration(1+rand.IntN(10)) * time.Millisecond)
+	}
+}
+
+func attachFree(control int, backing *os.File, want FileID, opts AttachOptions) (*Device, error) {
+	n, err := unix.IoctlRetInt(control, unix.LOOP_CTL_GET_FREE)
+	if err != nil {
+		return nil, fmt.Errorf("LOOP_CTL_GET_FREE: %w", err)
+	}
+	path := devicePath(n)
+	mode := unix.O_RDWR
+	if opts.ReadOnly {
+		mode = unix.O_RDONLY
+	}
+	fd, err := unix.Open(path, mode|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+
+	directIO := opts.DirectIO
+	if err := configure(fd, backing, opts, directIO); err != nil {
+		if !directIO || errors.Is(err, unix.EBUSY) {
+			return nil, fmt.Errorf("configure %s: %w", path, err)
+		}
+		// Newer kernels refuse LOOP_CONFIGURE with direct I/O when the
+		// backing file cannot do it (alignment, filesystem); retry buffered.
+		directIO = false
+		if err2 := configure(fd, backing, opts, false); err2 != nil {
+			return nil, fmt.Errorf("configure %s: %w", path, err2)
+		}
+	}
+	dev, err := status(fd, n)
+	if err != nil {
+		return nil, err
+	}
+	// Verify that what the kernel now holds is what we asked for: the file,
+	// and no autoclear (which would silently drop a persistent volume).
+	switch {
+	case dev.Backing != want:
+		return nil, fmt.Errorf("verify %s: bound to %d:%d, want %d:%d: %w", path, dev.Backing.Dev, dev.Backing.Inode, want.Dev, want.Inode, ErrNotOwned)
+	case dev.Autoclear():
+		return dev, fmt.Errorf("verify %s: autoclear is set on a persistent device", path)
+	case dev.ReadOnly() != opts.ReadOnly, dev.Partscan() != opts.Partscan:
+		return dev, fmt.Errorf("verify %s: flags %#x do not match requested %#x", path, dev.Flags, opts.flags(directIO))
+	}
+	return dev, nil
+}
+
+func configure(fd int, backing *os.File, opts AttachOptions, directIO bool) error {
+	cfg := unix.LoopConfig{
+		Fd:   uint32(backing.Fd()),
+		Size: opts.BlockSize,
+	}
+	cfg.Info.Flags = opts.flags(directIO)
+	copy(cfg.Info.File_name[:], opts.Tag)
+	err := unix.IoctlLoopConfigure(fd, &cfg)
+	if err == nil || !(errors.Is(err, unix.ENOTTY) || errors.Is(err, unix.ENOSYS)) {
+		return err
+	}
+	// Kernels before 5.8 have no LOOP_CONFIGURE: bind, then set status.
+	if err := unix.IoctlSetInt(fd, unix.LOOP_SET_FD, int(backing.Fd())); err != nil {
+		return fmt.Errorf("LOOP_SET_FD: %w", err)
+	}
+	info := cfg.Info
+	info.Flags &^= unix.LO_FLAGS_DIRECT_IO
+	if err := unix.IoctlLoopSetStatus64(fd, &info); err != nil {
+		_ = unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0)
+		return fmt.Errorf("LOOP_SET_STATUS64: %w", err)
+	}
+	if opts.BlockSize != 0 {
+		if err := unix.IoctlSetInt(fd, unix.LOOP_SET_BLOCK_SIZE, int(opts.BlockSize)); err != nil {
+			_ = unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0)
+			return fmt.Errorf("LOOP_SET_BLOCK_SIZE: %w", err)
+		}
+	}
+	if directIO {
+		// Best effort: a refusal leaves the device buffered, which the
+		// caller sees in the returned flags.
+		_ = unix.IoctlSetInt(fd, unix.LOOP_SET_DIRECT_IO, 1)
+	}
+	return nil
+}
+
+// Get returns the state of /dev/loopN or ErrNotAttached.
+func Get(path string) (*Device, error) {
+	n, err := parseNumber(path)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := unix.Open(devicePath(n), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.ENXIO) || errors.Is(err, unix.ENOENT) {
+			return nil, fmt.Errorf("open %s: %w", path, ErrNotAttached)
+		}
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	return status(fd, n)
+}
+
+func status(fd, n int) (*Device, error) {
+	info, err := unix.IoctlLoopGetStatus64(fd)
+	if err != nil {
+		if errors.Is(err, unix.ENXIO) {
+			return nil, fmt.Errorf("status %s: %w", devicePath(n), ErrNotAttached)
+		}
+		return nil, fmt.Errorf("status %s: LOOP_GET_STATUS64: %w", devicePath(n), err)
+	}
+	dev := &Device{
+		Path:    devicePath(n),
+		Number:  n,
+		Backing: FileID{Dev: info.Device, Inode: info.Inode},
+		Tag:     string(bytes.TrimRight(info.File_name[:], "\x00")),
+		Flags:   info.Flags,
+	}
+	if bs, err := readSysUint(fmt.Sprintf("/sys/block/loop%d/queue/logical_block_size", n)); err == nil {
+		dev.BlockSize = uint32(bs)
+	}
+	return dev, nil
+}
+
+// List returns every bound loop device. It scans sysfs for devices that have
+// a backing file and asks each device for its identity; devices that are
+// detached between the scan and the ioctl are skipped.
+func List() ([]*Device, error) {
+	entries, err := os.ReadDir("/sys/block")
+	if err != nil {
+		return nil, fmt.Errorf("list loop devices: %w", err)
+	}
+	var devs []*Device
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasPrefix(name, "loop") {
+			continue
+		}
+		n, err := strconv.Atoi(strings.TrimPrefix(name, "loop"))
+		if err != nil {
+			continue
+		}
+		// The loop/ attribute group exists only while a file is bound.
+		if _, err := os.Stat(filepath.Join("/sys/block", name, "loop", "backing_file")); err != nil {
+			continue
+		}
+		dev, err := Get(devicePath(n))
+		if errors.Is(err, ErrNotAttached) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list loop devices: %w", err)
+		}
+		devs = append(devs, dev)
+	}
+	return devs, nil
+}
+
+// Find returns the device bound to the file with identity id, or
+// ErrNotAttached. If several are (someone else attached it too), the lowest
+// numbered one is returned.
+func Find(id FileID) (*Device, error) {
+	devs, err := List()
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range devs {
+		if d.Backing == id {
+			return d, nil
+		}
+	}
+	return nil, fmt.Errorf("find backing %d:%d: %w", id.Dev, id.Inode, ErrNotAttached)
+}
+
+// Detach unbinds path, but only if it is bound to the file with identity
+// owner. A device that is mounted, held by another device or opened
+// exclusively is refused with ErrBusy and left as it is. If another process
+// merely has it open, the kernel defers the detach until that process closes
+// it; Detach then returns ErrDeferred naming who holds it.
+func Detach(path string, owner FileID) error {
+	n, err := parseNumber(path)
+	if err != nil {
+		return err
+	}
+	if users := Users(n); len(users) > 0 {
+		return fmt.Errorf("detach %s: %w by %s", path, ErrBusy, strings.Join(users, ", "))
+	}
+	// O_EXCL on a block device fails with EBUSY while it (or one of its
+	// partitions) is mounted or claimed, without disturbing the holder.
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_EXCL|unix.O_CLOEXEC, 0)
+	if err != nil {
+		switch {
+		case errors.Is(err, unix.ENXIO), errors.Is(err, unix.ENOENT):
+			return fmt.Errorf("detach %s: %w", path, ErrNotAttached)
+		case errors.Is(err, unix.EBUSY):
+			return fmt.Errorf("detach %s: %w (claimed exclusively by a mount or another device)", path, ErrBusy)
+		}
+		return fmt.Errorf("detach %s: %w", path, err)
+	}
+	dev, err := status(fd, n)
+	if err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("detach: %w", err)
+	}
+	if dev.Backing != owner {
+		unix.Close(fd)
+		return fmt.Errorf("detach %s: bound to %d:%d, expected %d:%d: %w", path, dev.Backing.Dev, dev.Backing.Inode, owner.Dev, owner.Inode, ErrNotOwned)
+	}
+	err = unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0)
+	// Our own descriptor counts as an opener: the kernel finishes the
+	// teardown when it is closed.
+	unix.Close(fd)
+	if err != nil {
+		if errors.Is(err, unix.ENXIO) {
+			return fmt.Errorf("detach %s: %w", path, ErrNotAttached)
+		}
+		return fmt.Errorf("detach %s: LOOP_CLR_FD: %w", path, err)
+	}
+	after, err := Get(path)
+	if errors.Is(err, ErrNotAttached) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("detach %s: check: %w", path, err)
+	}
+	if after.Backing == owner {
+		holders := openers(n)
+		who := "another process"
+		if len(holders) > 0 {
+			who = strings.Join(holders, ", ")
+		}
+		return fmt.Errorf("detach %s: still open by %s; autoclear set, the kernel detaches it on last close: %w", path, who, ErrDeferred)
+	}
+	return nil
+}
+
+// SetCapacity makes the kernel re-read the size of the backing file of the
+// device, after the file was grown. owner is checked first, as in Detach.
+func SetCapacity(path string, owner FileID) error {
+	n, err := parseNumber(path)
+	if err != nil {
+		return err
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("set capacity %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	dev, err := status(fd, n)
+	if err != nil {
+		return fmt.Errorf("set capacity: %w", err)
+	}
+	if dev.Backing != owner {
+		return fmt.Errorf("set capacity %s: %w", path, ErrNotOwned)
+	}
+	if err := unix.IoctlSetInt(fd, unix.LOOP_SET_CAPACITY, 0); err != nil {
+		return fmt.Errorf("set capacity %s: LOOP_SET_CAPACITY: %w", path, err)
+	}
+	return nil
+}
+
+// Size returns the size in bytes the kernel sees for a block device.
+func Size(path string) (uint64, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("size %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	var size uint64
+	if err := ioctlPtr(fd, unix.BLKGETSIZE64, &size); err != nil {
+		return 0, fmt.Errorf("size %s: BLKGETSIZE64: %w", path, err)
+	}
+	return size, nil
+}
+
+// Partitions returns the partition device paths of /dev/loopN (loopNp1, ...)
+// as the kernel lists them in sysfs.
+func Partitions(path string) ([]string, error) {
+	n, err := parseNumber(path)
+	if err != nil {
+		return nil, err
+	}
+	name := fmt.Sprintf("loop%d", n)
+	matches, err := filepath.Glob(filepath.Join("/sys/block", name, name+"p*"))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(matches))
+	for _, m := range matches {
+		out = append(out, "/dev/"+filepath.Base(m))
+	}
+	return out, nil
+}
+
+// ParentOf maps a partition device (by path or symlink, e.g.
+// /dev/disk/by-partuuid/<uuid> -> /dev/loop3p1) to its whole loop device
+// (/dev/loop3); a whole loop device maps to itself. This is the lookup
+// `losetup -d` does not do.
+func ParentOf(path string) (string, error) {
+	resolved, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return "", fmt.Errorf("parent of %s: %w", path, err)
+	}
+	name := filepath.Base(resolved)
+	if _, err := parseNumber(resolved); err == nil {
+		return "/dev/" + name, nil
+	}
+	sys, err := filepath.EvalSymlinks(filepath.Join("/sys/class/block", name))
+	if err != nil {
+		return "", fmt.Errorf("parent of %s: %w", path, err)
+	}
+	if _, err := os.Stat(filepath.Join(sys, "partition")); err != nil {
+		return "", fmt.Errorf("parent of %s: %s is neither a loop device nor a partition", path, resolved)
+	}
+	parent := "/dev/" + filepath.Base(filepath.Dir(sys))
+	if _, err := parseNumber(parent); err != nil {
+		return "", fmt.Errorf("parent of %s: %s is not on a loop device", path, resolved)
+	}
+	return parent, nil
+}
+
+func devicePath(n int) string { return "/dev/loop" + strconv.Itoa(n) }
+
+func parseNumber(path string) (int, error) {
+	name := filepath.Base(path)
+	n, err := strconv.Atoi(strings.TrimPrefix(name, "loop"))
+	if !strings.HasPrefix(name, "loop") || err != nil || n < 0 {
+		return 0, fmt.Errorf("%s is not a loop device path", path)
+	}
+	return n, nil
+}
+
+func readSysUint(path string) (uint64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+}
+
+func flock(fd, how int) error {
+	for {
+		err := unix.Flock(fd, how)
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
+}

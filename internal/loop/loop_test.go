@@ -1,0 +1,219 @@
+package loop
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/testutil"
+)
+
+func backingFile(t *testing.T, size int64) (string, FileID) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "backing")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	id, err := FileIDOf(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path, id
+}
+
+func attach(t *testing.T, path string, opts AttachOptions) *Device {
+	t.Helper()
+	dev, err := Attach(path, opts)
+	if err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	t.Cleanup(func() {
+		id, _ := FileIDOf(path)
+		if err := Detach(dev.Path, id); err != nil && !errors.Is(err, ErrNotAttached) {
+			t.Errorf("cleanup detach %s: %v", dev.Path, err)
+		}
+	})
+	return dev
+}
+
+func TestAttachFindDetach(t *testing.T) {
+	testutil.RequireRoot(t)
+	path, id := backingFile(t, 64<<20)
+	dev := attach(t, path, AttachOptions{Tag: "sparsevol:test"})
+	if dev.Backing != id {
+		t.Fatalf("backing = %+v, want %+v", dev.Backing, id)
+	}
+	if dev.Autoclear() {
+		t.Fatal("persistent device has autoclear set")
+	}
+	if dev.Tag != "sparsevol:test" {
+		t.Fatalf("tag = %q", dev.Tag)
+	}
+	found, err := Find(id)
+	if err != nil || found.Path != dev.Path {
+		t.Fatalf("Find = %v, %v; want %s", found, err, dev.Path)
+	}
+	size, err := Size(dev.Path)
+	if err != nil || size != 64<<20 {
+		t.Fatalf("Size = %d, %v", size, err)
+	}
+	// Detaching with the identity of another file must not touch it.
+	_, other := backingFile(t, 1<<20)
+	if err := Detach(dev.Path, other); !errors.Is(err, ErrNotOwned) {
+		t.Fatalf("Detach(other owner) = %v, want ErrNotOwned", err)
+	}
+	if _, err := Get(dev.Path); err != nil {
+		t.Fatalf("device gone after refused detach: %v", err)
+	}
+	if err := Detach(dev.Path, id); err != nil {
+		t.Fatalf("Detach: %v", err)
+	}
+	if _, err := Find(id); !errors.Is(err, ErrNotAttached) {
+		t.Fatalf("Find after detach = %v, want ErrNotAttached", err)
+	}
+	if err := Detach(dev.Path, id); !errors.Is(err, ErrNotAttached) {
+		t.Fatalf("second Detach = %v, want ErrNotAttached", err)
+	}
+}
+
+func TestAttachFlags(t *testing.T) {
+	testutil.RequireRoot(t)
+	tests := []struct {
+		name string
+		opts AttachOptions
+	}{
+		{"buffered", AttachOptions{}},
+		{"read-only", AttachOptions{ReadOnly: true}},
+		{"partscan", AttachOptions{Partscan: true}},
+		{"direct-io-4k", AttachOptions{DirectIO: true, BlockSize: 4096}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path, _ := backingFile(t, 16<<20)
+			dev := attach(t, path, tt.opts)
+			if dev.ReadOnly() != tt.opts.ReadOnly || dev.Partscan() != tt.opts.Partscan {
+				t.Fatalf("flags %#x do not match %+v", dev.Flags, tt.opts)
+			}
+			if tt.opts.BlockSize != 0 && dev.BlockSize != tt.opts.BlockSize {
+				t.Fatalf("block size %d, want %d", dev.BlockSize, tt.opts.BlockSize)
+			}
+			// The backing filesystem here supports O_DIRECT; if the kernel
+			// declined, the device must say so rather than claim it.
+			if tt.opts.DirectIO {
+				t.Logf("direct I/O on %s: %v", dev.Path, dev.DirectIO())
+			}
+		})
+	}
+}
+
+func TestDetachRefusesMounted(t *testing.T) {
+	testutil.RequireRoot(t)
+	path, id := backingFile(t, 64<<20)
+	dev := attach(t, path, AttachOptions{})
+	if out, err := exec.Command("mkfs.ext4", "-q", dev.Path).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs: %v: %s", err, out)
+	}
+	mnt := t.TempDir()
+	if err := unix.Mount(dev.Path, mnt, "ext4", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	err := Detach(dev.Path, id)
+	unix.Unmount(mnt, 0)
+	if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), mnt) {
+		t.Fatalf("Detach of mounted device = %v, want ErrBusy naming %s", err, mnt)
+	}
+	if d, err := Get(dev.Path); err != nil || d.Autoclear() {
+		t.Fatalf("refused detach changed the device: %+v, %v", d, err)
+	}
+}
+
+func TestDetachDeferredWhenOpen(t *testing.T) {
+	testutil.RequireRoot(t)
+	path, id := backingFile(t, 16<<20)
+	dev := attach(t, path, AttachOptions{})
+	f, err := os.Open(dev.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = Detach(dev.Path, id)
+	if !errors.Is(err, ErrDeferred) {
+		f.Close()
+		t.Fatalf("Detach while open = %v, want ErrDeferred", err)
+	}
+	f.Close()
+	if _, err := Get(dev.Path); !errors.Is(err, ErrNotAttached) {
+		t.Fatalf("device still attached after last close: %v", err)
+	}
+}
+
+func TestSetCapacity(t *testing.T) {
+	testutil.RequireRoot(t)
+	path, id := backingFile(t, 16<<20)
+	dev := attach(t, path, AttachOptions{})
+	if err := os.Truncate(path, 32<<20); err != nil {
+		t.Fatal(err)
+	}
+	_, other := backingFile(t, 1<<20)
+	if err := SetCapacity(dev.Path, other); !errors.Is(err, ErrNotOwned) {
+		t.Fatalf("SetCapacity(other) = %v", err)
+	}
+	if err := SetCapacity(dev.Path, id); err != nil {
+		t.Fatal(err)
+	}
+	if size, _ := Size(dev.Path); size != 32<<20 {
+		t.Fatalf("size after SetCapacity = %d", size)
+	}
+}
+
+func TestParentOf(t *testing.T) {
+	testutil.RequireRoot(t)
+	path, _ := backingFile(t, 16<<20)
+	dev := attach(t, path, AttachOptions{})
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(dev.Path, link); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ParentOf(link); err != nil || got != dev.Path {
+		t.Fatalf("ParentOf(link) = %q, %v", got, err)
+	}
+	if _, err := ParentOf("/dev/null"); err == nil {
+		t.Fatal("ParentOf(/dev/null) succeeded")
+	}
+}
+
+func TestParseNumber(t *testing.T) {
+	tests := []struct {
+		in   string
+		want int
+		ok   bool
+	}{
+		{"/dev/loop0", 0, true},
+		{"/dev/loop12", 12, true},
+		{"loop3", 3, true},
+		{"/dev/loop3p1", 0, false},
+		{"/dev/sda", 0, false},
+		{"/dev/loop-control", 0, false},
+	}
+	for _, tt := range tests {
+		got, err := parseNumber(tt.in)
+		if (err == nil) != tt.ok || got != tt.want {
+			t.Errorf("parseNumber(%q) = %d, %v", tt.in, got, err)
+		}
+	}
+}
+
+func TestUnescapeMountPath(t *testing.T) {
+	if got := unescapeMountPath(`/mnt/a\040b`); got != "/mnt/a b" {
+		t.Fatalf("got %q", got)
+	}
+}

@@ -1,0 +1,151 @@
+package loop
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Users names what keeps /dev/loopN (or one of its partitions) in use in a
+// way that forbids detaching: mounts in this mount namespace and holder
+// devices (device-mapper and the like). It reads sysfs and mountinfo only.
+func Users(n int) []string {
+	name := fmt.Sprintf("loop%d", n)
+	devnums := map[string]string{} // "major:minor" -> device name
+	if b, err := os.ReadFile(filepath.Join("/sys/block", name, "dev")); err == nil {
+		devnums[strings.TrimSpace(string(b))] = name
+	}
+	parts, _ := filepath.Glob(filepath.Join("/sys/block", name, name+"p*"))
+	for _, p := range parts {
+		if b, err := os.ReadFile(filepath.Join(p, "dev")); err == nil {
+			devnums[strings.TrimSpace(string(b))] = filepath.Base(p)
+		}
+	}
+	var users []string
+	for _, m := range mountsOf(devnums) {
+		users = append(users, m)
+	}
+	for _, dir := range append([]string{filepath.Join("/sys/block", name)}, parts...) {
+		holders, _ := os.ReadDir(filepath.Join(dir, "holders"))
+		for _, h := range holders {
+			users = append(users, fmt.Sprintf("holder device %s of %s", h.Name(), filepath.Base(dir)))
+		}
+	}
+	return users
+}
+
+// MountPoints returns where the device path (a loop device or partition) is
+// mounted in this mount namespace.
+func MountPoints(path string) ([]string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return nil, fmt.Errorf("mount points of %s: %w", path, err)
+	}
+	key := fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+	var out []string
+	for _, m := range mountEntries() {
+		if m.devnum == key {
+			out = append(out, m.point)
+		}
+	}
+	return out, nil
+}
+
+type mountEntry struct{ devnum, point string }
+
+func mountEntries() []mountEntry {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []mountEntry
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		// id parent major:minor root mountpoint ...
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		out = append(out, mountEntry{devnum: fields[2], point: unescapeMountPath(fields[4])})
+	}
+	return out
+}
+
+func mountsOf(devnums map[string]string) []string {
+	var out []string
+	for _, m := range mountEntries() {
+		if name, ok := devnums[m.devnum]; ok {
+			out = append(out, fmt.Sprintf("mount of %s at %s", name, m.point))
+		}
+	}
+	return out
+}
+
+// unescapeMountPath undoes mountinfo's octal escapes (\040 for space, ...).
+func unescapeMountPath(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// openers names processes that hold /dev/loopN or its partitions open, by
+// scanning /proc/*/fd. It is only used to explain a deferred detach, so it
+// is best effort and may miss processes in other PID namespaces.
+func openers(n int) []string {
+	prefix := fmt.Sprintf("/dev/loop%d", n)
+	self := strconv.Itoa(os.Getpid())
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, p := range procs {
+		if _, err := strconv.Atoi(p.Name()); err != nil || p.Name() == self {
+			continue
+		}
+		fds, err := os.ReadDir(filepath.Join("/proc", p.Name(), "fd"))
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			target, err := os.Readlink(filepath.Join("/proc", p.Name(), "fd", fd.Name()))
+			if err != nil {
+				continue
+			}
+			if target == prefix || strings.HasPrefix(target, prefix+"p") {
+				comm, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "comm"))
+				out = append(out, fmt.Sprintf("pid %s (%s)", p.Name(), strings.TrimSpace(string(comm))))
+				break
+			}
+		}
+	}
+	return out
+}
+
+func ioctlPtr(fd int, req uint, arg *uint64) error {
+	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(req), uintptr(unsafe.Pointer(arg)))
+	if errno != 0 {
+		return errno
+	}
+	return nil
+}
