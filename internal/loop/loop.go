@@ -17,6 +17,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -318,16 +319,55 @@ func List() ([]*Device, error) {
 // ErrNotAttached. If several are (someone else attached it too), the lowest
 // numbered one is returned.
 func Find(id FileID) (*Device, error) {
+	devs, err := FindAll(id)
+	if err != nil {
+		return nil, err
+	}
+	if len(devs) == 0 {
+		return nil, fmt.Errorf("find backing %d:%d: %w", id.Dev, id.Inode, ErrNotAttached)
+	}
+	return devs[0], nil
+}
+
+// FindAll returns every device bound to the file with identity id, lowest
+// number first; none is not an error.
+func FindAll(id FileID) ([]*Device, error) {
 	devs, err := List()
 	if err != nil {
 		return nil, err
 	}
+	var out []*Device
 	for _, d := range devs {
 		if d.Backing == id {
-			return d, nil
+			out = append(out, d)
 		}
 	}
-	return nil, fmt.Errorf("find backing %d:%d: %w", id.Dev, id.Inode, ErrNotAttached)
+	sort.Slice(out, func(i, j int) bool { return out[i].Number < out[j].Number })
+	return out, nil
+}
+
+// Busy returns an ErrBusy error naming who uses the device (mounts, holder
+// devices, exclusive claims, processes holding it open), or nil. It changes
+// nothing, so callers can refuse an operation before starting it.
+func Busy(path string) error {
+	n, err := parseNumber(path)
+	if err != nil {
+		return err
+	}
+	users := Users(n)
+	if len(users) == 0 {
+		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_EXCL|unix.O_CLOEXEC, 0)
+		if errors.Is(err, unix.EBUSY) {
+			users = append(users, "an exclusive claim (mount or device mapper)")
+		} else if err == nil {
+			unix.Close(fd)
+		}
+	}
+	users = append(users, openers(n)...)
+	if len(users) > 0 {
+		return fmt.Errorf("%s: %w by %s", path, ErrBusy, strings.Join(users, ", "))
+	}
+	return nil
 }
 
 // Detach unbinds path, but only if it is bound to the file with identity

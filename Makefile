@@ -1,0 +1,43 @@
+# sparsevol — build, test, install.
+PREFIX   ?= /usr/local
+BINDIR   ?= $(PREFIX)/bin
+UNITDIR  ?= /etc/systemd/system
+STORE    ?= /var/lib/sparsevol
+DESTDIR  ?=
+GO       ?= go
+GOFLAGS  ?= -trimpath
+TEST_TIMEOUT ?= 30m
+
+.PHONY: all build test test-short install uninstall bench e2e clean vet
+
+all: build
+
+build:
+	$(GO) build $(GOFLAGS) -o bin/sparsevol ./cmd/sparsevol
+
+vet:
+	$(GO) vet ./...
+
+# The test command of the README and of CI. Needs root: real loop devices,
+# mkfs and mounts.
+test: build vet
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+install: build
+	install -D -m 0755 bin/sparsevol $(DESTDIR)$(BINDIR)/sparsevol
+	install -d -m 0755 $(DESTDIR)$(UNITDIR)
+	sed -e 's|/usr/local/bin/sparsevol|$(BINDIR)/sparsevol|g' -e 's|/var/lib/sparsevol|$(STORE)|g' \
+		deploy/systemd/sparsevol@.service > $(DESTDIR)$(UNITDIR)/sparsevol@.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/sparsevol@.service
+	install -d -m 0700 $(DESTDIR)$(STORE)
+	if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/sparsevol $(DESTDIR)$(UNITDIR)/sparsevol@.service
+	if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+
+bench: build
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./internal/... ./bench/...
+
+clean:
+	rm -rf bin

@@ -1,0 +1,156 @@
+// Package cli is the sparsevol command line: flag parsing, output and exit
+// codes over internal/volume and internal/systemd. It holds no volume logic.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sparsevol/sparsevol/internal/systemd"
+	"github.com/sparsevol/sparsevol/internal/volume"
+)
+
+// Exit codes of the contract.
+const (
+	ExitOK      = 0
+	ExitFailure = 1
+	ExitInvalid = 2
+)
+
+// usageError marks errors in how the command was called (flags, args).
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
+}
+
+// ExitCode maps an error to the contract's exit codes: 2 for input that
+// was rejected before anything changed, 1 for anything else.
+func ExitCode(err error) int {
+	var ue usageError
+	switch {
+	case err == nil:
+		return ExitOK
+	case errors.As(err, &ue),
+		errors.Is(err, volume.ErrInvalid),
+		errors.Is(err, volume.ErrNotFound),
+		errors.Is(err, volume.ErrExists),
+		errors.Is(err, volume.ErrNoSpace):
+		return ExitInvalid
+	}
+	return ExitFailure
+}
+
+// globals are the flags every command shares.
+type globals struct {
+	root       string
+	overcommit float64
+	unitDir    string
+	udevWait   time.Duration
+	verbose    bool
+	stdout     io.Writer
+	stderr     io.Writer
+}
+
+func (g *globals) logger() *slog.Logger {
+	level := slog.LevelWarn
+	if g.verbose {
+		level = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
+}
+
+func (g *globals) store() (*volume.Store, error) {
+	return volume.Open(g.root, volume.Options{
+		OvercommitRatio: g.overcommit,
+		UdevTimeout:     g.udevWait,
+		Logger:          g.logger(),
+	})
+}
+
+func (g *globals) units() systemd.Manager { return systemd.Manager{Dir: g.unitDir} }
+
+// NewRootCommand builds the command tree. Extra subcommands (the CSI
+// plugin) are added by the caller.
+func NewRootCommand(stdout, stderr io.Writer) (*cobra.Command, *globals) {
+	g := &globals{stdout: stdout, stderr: stderr}
+	root := &cobra.Command{
+		Use:   "sparsevol",
+		Short: "Persistent sparse-file volumes behind loop devices",
+		Long: `sparsevol makes volumes from sparse files on the node's own disk, exposed
+through loop devices, and brings them back at every boot with a systemd
+template unit (sparsevol@<uuid>.service) — no network, no API server.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+
+	defRoot := os.Getenv(volume.RootEnv)
+	if defRoot == "" {
+		defRoot = volume.DefaultRoot
+	}
+	defRatio := 1.0
+	if v := os.Getenv("SPARSEVOL_OVERCOMMIT_RATIO"); v != "" {
+		if f, err := strconv.ParseFloat(v, 64); err == nil {
+			defRatio = f
+		}
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.root, "root", defRoot, "store directory (env "+volume.RootEnv+")")
+	pf.Float64Var(&g.overcommit, "overcommit-ratio", defRatio,
+		"how much the volumes' logical sizes may exceed what the store's filesystem can give them; 1 = never (env SPARSEVOL_OVERCOMMIT_RATIO)")
+	pf.StringVar(&g.unitDir, "unit-dir", systemd.DefaultUnitDir, "systemd unit directory")
+	pf.DurationVar(&g.udevWait, "udev-timeout", 30*time.Second, "how long attach waits for udev's /dev/disk link")
+	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log each step to stderr")
+
+	root.AddCommand(
+		newCreateCommand(g), newAttachCommand(g), newDetachCommand(g),
+		newDeleteCommand(g), newExpandCommand(g), newListCommand(g),
+		newStatusCommand(g), newPVCommand(g), newAdoptCommand(g),
+		newUnitsCommand(g), newDoctorCommand(g),
+	)
+	return root, g
+}
+
+// Main runs the command line and returns the process exit code.
+func Main(args []string, stdout, stderr io.Writer) int {
+	root, _ := NewRootCommand(stdout, stderr)
+	root.SetArgs(args)
+	err := root.ExecuteContext(context.Background())
+	if err != nil {
+		fmt.Fprintf(stderr, "sparsevol: %v\n", err)
+	}
+	return ExitCode(err)
+}
+
+// exactArgs is cobra.ExactArgs with the contract's exit code.
+func exactArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usagef("%s takes %d argument(s), got %d", cmd.CommandPath(), n, len(args))
+		}
+		return nil
+	}
+}
+
+func minArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) < n {
+			return usagef("%s needs at least %d argument(s)", cmd.CommandPath(), n)
+		}
+		return nil
+	}
+}

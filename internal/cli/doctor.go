@@ -1,0 +1,212 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sparsevol/sparsevol/internal/loop"
+	"github.com/sparsevol/sparsevol/internal/systemd"
+	"github.com/sparsevol/sparsevol/internal/volume"
+)
+
+type finding struct {
+	level  string // OK, WARN, FAIL
+	check  string
+	detail string
+	fix    string
+}
+
+func newUnitsCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "units install|uninstall",
+		Short: "Install or remove the sparsevol@.service template",
+	}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "install",
+		Short: "Write sparsevol@.service for this binary and store, and reload systemd",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			bin, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			root, err := filepath.Abs(g.root)
+			if err != nil {
+				return err
+			}
+			path, err := g.units().Install(cmd.Context(), bin, root)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(g.stdout, path)
+			return nil
+		},
+	}, &cobra.Command{
+		Use:   "uninstall",
+		Short: "Remove sparsevol@.service (enabled volumes keep their data; disable them first)",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path, err := g.units().Uninstall(cmd.Context())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(g.stdout, path)
+			return nil
+		},
+	})
+	return cmd
+}
+
+func newDoctorCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "doctor",
+		Short: "Check the node: loop and partition support, udev, systemd, store, space, orphans",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			findings := g.diagnose()
+			failed := 0
+			for _, f := range findings {
+				fmt.Fprintf(g.stdout, "[%-4s] %s: %s\n", f.level, f.check, f.detail)
+				if f.fix != "" {
+					fmt.Fprintf(g.stdout, "       -> %s\n", f.fix)
+				}
+				if f.level == "FAIL" {
+					failed++
+				}
+			}
+			if failed > 0 {
+				return fmt.Errorf("%d check(s) failed", failed)
+			}
+			return nil
+		},
+	}
+}
+
+func (g *globals) diagnose() []finding {
+	var out []finding
+	add := func(level, check, detail, fix string) {
+		out = append(out, finding{level, check, detail, fix})
+	}
+
+	// Loop support.
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		add("FAIL", "loop", "/dev/loop-control is missing", "load the loop module: modprobe loop")
+	} else {
+		devs, _ := loop.List()
+		all, _ := filepath.Glob("/sys/block/loop*")
+		add("OK", "loop", fmt.Sprintf("%d loop devices, %d bound, more are created on demand", len(all), len(devs)), "")
+	}
+
+	// Udev and systemd.
+	if _, err := os.Stat("/run/udev/control"); err != nil {
+		add("WARN", "udev", "udevd is not running: /dev/disk/by-uuid and by-partuuid links will not appear",
+			"use /dev/sparsevol/<uuid> links, or run on a host with udev")
+	} else {
+		add("OK", "udev", "udevd is running", "")
+	}
+	units := g.units()
+	switch {
+	case !systemd.Running():
+		add("WARN", "systemd", "systemd is not PID 1: volumes are not re-attached at boot by units",
+			"run `sparsevol attach --all` from the init system at boot")
+	case !units.Installed():
+		add("FAIL", "systemd", "the template "+systemd.TemplateName+" is not installed", "sparsevol units install")
+	default:
+		add("OK", "systemd", "systemd runs and "+systemd.TemplateName+" is installed", "")
+	}
+
+	// Store.
+	s, err := g.store()
+	if err != nil {
+		add("FAIL", "store", err.Error(), "install -d -m 0700 "+g.root)
+		return out
+	}
+	if fi, err := os.Stat(s.Root()); err == nil && fi.Mode().Perm()&0o077 != 0 {
+		add("WARN", "store", fmt.Sprintf("%s is mode %o: other users can read volume data", s.Root(), fi.Mode().Perm()),
+			"chmod 0700 "+s.Root())
+	} else {
+		add("OK", "store", s.Root()+" exists and is private", "")
+	}
+	out = append(out, partitionSupport(s.Root()))
+
+	sp, err := s.Space()
+	if err == nil {
+		detail := fmt.Sprintf("free %s, volumes hold %s, promise %s, ratio %g, can still promise %s",
+			humanBytes(sp.FreeBytes), humanBytes(sp.AllocatedBytes), humanBytes(sp.CommittedBytes),
+			sp.OvercommitRatio, humanBytes(sp.CapacityBytes))
+		if sp.CommittedBytes-sp.AllocatedBytes > sp.FreeBytes {
+			add("WARN", "space", "overcommitted: if every volume fills up, the store's filesystem runs out; "+detail,
+				"free space on the store's filesystem, or shrink what the volumes promise")
+		} else {
+			add("OK", "space", detail, "")
+		}
+	}
+
+	// Orphans, in both directions.
+	vols, _ := s.List()
+	ours := map[string]bool{}
+	for _, v := range vols {
+		ours[v.UUID] = true
+		switch {
+		case v.State != volume.StateReady:
+			add("WARN", "volume "+v.Name, fmt.Sprintf("unfinished (%s)", v.State),
+				fmt.Sprintf("rerun the operation, or `sparsevol delete %s`", v.UUID))
+		case fileMissing(v.BackingFile):
+			add("FAIL", "volume "+v.Name, "backing file "+v.BackingFile+" is gone", "restore it from backup, or `sparsevol delete "+v.UUID+"`")
+		case systemd.Running() && v.Labels["sparsevol.io/managed-by"] == "" && !units.Enabled(v.UUID):
+			add("WARN", "volume "+v.Name, "no enabled unit: it will not come back after a reboot",
+				"systemctl enable --now "+systemd.UnitName(v.UUID))
+		}
+	}
+	devs, _ := loop.List()
+	for _, d := range devs {
+		uuid, ok := strings.CutPrefix(d.Tag, "sparsevol:")
+		if ok && !ours[uuid] {
+			add("WARN", "device "+d.Path, "tagged for volume "+uuid+", which is not in this store",
+				"if no other store owns it: losetup -d "+d.Path)
+		}
+	}
+	return out
+}
+
+func fileMissing(path string) bool {
+	_, err := os.Stat(path)
+	return errors.Is(err, os.ErrNotExist)
+}
+
+// partitionSupport tries what partitioned volumes need: a GPT on a loop
+// device with partscan showing loopNp1.
+func partitionSupport(dir string) finding {
+	const check = "partitions"
+	if _, err := exec.LookPath("sgdisk"); err != nil {
+		return finding{"FAIL", check, "sgdisk is not installed: partitioned block volumes cannot be made", "apt-get install gdisk"}
+	}
+	f, err := os.CreateTemp(dir, ".doctor-*")
+	if err != nil {
+		return finding{"WARN", check, "cannot test: " + err.Error(), ""}
+	}
+	defer os.Remove(f.Name())
+	f.Truncate(4 << 20)
+	f.Close()
+	if err := exec.Command("sgdisk", "--new=1:0:0", f.Name()).Run(); err != nil {
+		return finding{"WARN", check, "cannot test: sgdisk: " + err.Error(), ""}
+	}
+	dev, err := loop.Attach(f.Name(), loop.AttachOptions{Partscan: true, Tag: "sparsevol:doctor"})
+	if err != nil {
+		return finding{"WARN", check, "cannot test: " + err.Error(), ""}
+	}
+	id, _ := loop.FileIDOf(f.Name())
+	parts, _ := loop.Partitions(dev.Path)
+	loop.Detach(dev.Path, id)
+	if len(parts) == 0 {
+		return finding{"WARN", check, "the kernel shows no partitions on loop devices: partitioned block volumes have no /dev/disk/by-partuuid link here",
+			"use --mode block --no-partition, or a kernel with partition support (CONFIG_BLK_DEV_LOOP, partscan)"}
+	}
+	return finding{"OK", check, "loop partitions are scanned", ""}
+}

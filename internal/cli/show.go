@@ -1,0 +1,234 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"strconv"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/sparsevol/sparsevol/internal/volume"
+)
+
+func outputFlag(cmd *cobra.Command, out *string) {
+	cmd.Flags().StringVarP(out, "output", "o", "table", "table or json")
+}
+
+func checkOutput(out string) error {
+	if out != "table" && out != "json" {
+		return usagef("output format %q: want table or json", out)
+	}
+	return nil
+}
+
+func newListCommand(g *globals) *cobra.Command {
+	var out string
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List the store's volumes with their devices and allocation",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(out); err != nil {
+				return err
+			}
+			s, err := g.store()
+			if err != nil {
+				return err
+			}
+			sts, err := s.Statuses()
+			if err != nil {
+				return err
+			}
+			if out == "json" {
+				if sts == nil {
+					sts = []*volume.Status{}
+				}
+				return writeJSON(g.stdout, sts)
+			}
+			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "NAME\tUUID\tSIZE\tALLOCATED\tMODE\tFS\tSTATE\tDEVICE\tSTABLE PATH")
+			for _, st := range sts {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s (%.0f%%)\t%s\t%s\t%s\t%s\t%s\n",
+					st.Name, st.UUID, volume.FormatSize(st.SizeBytes), humanBytes(st.AllocatedBytes),
+					100*st.AllocatedRatio(), modeLabel(st), dash(st.FSType), st.State, dash(st.Device), st.StablePath)
+			}
+			return w.Flush()
+		},
+	}
+	outputFlag(cmd, &out)
+	return cmd
+}
+
+func newStatusCommand(g *globals) *cobra.Command {
+	var out string
+	cmd := &cobra.Command{
+		Use:   "status VOLUME",
+		Short: "Show one volume: metadata, device, stable path, allocation",
+		Args:  exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(out); err != nil {
+				return err
+			}
+			s, err := g.store()
+			if err != nil {
+				return err
+			}
+			st, err := s.Status(args[0])
+			if err != nil {
+				return err
+			}
+			if out == "json" {
+				return writeJSON(g.stdout, st)
+			}
+			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			row := func(k, v string) { fmt.Fprintf(w, "%s:\t%s\n", k, v) }
+			row("Name", st.Name)
+			row("UUID", st.UUID)
+			row("State", string(st.State))
+			row("Size", fmt.Sprintf("%s (%d bytes)", volume.FormatSize(st.SizeBytes), st.SizeBytes))
+			row("Allocated", fmt.Sprintf("%s (%.1f%%)", humanBytes(st.AllocatedBytes), 100*st.AllocatedRatio()))
+			row("Mode", modeLabel(st))
+			row("Filesystem", dash(st.FSType))
+			row("Backing file", st.BackingFile)
+			row("Attached", strconv.FormatBool(st.Attached))
+			row("Device", dash(st.Device))
+			row("Data device", dash(st.DataDevice))
+			row("Direct I/O", fmt.Sprintf("%v (requested %v)", st.DirectIOActive, st.DirectIO))
+			row("Stable path", fmt.Sprintf("%s (exists: %v)", st.StablePath, st.StablePathExists))
+			for _, m := range st.MountPoints {
+				row("Mounted at", m)
+			}
+			return w.Flush()
+		},
+	}
+	outputFlag(cmd, &out)
+	return cmd
+}
+
+func modeLabel(st *volume.Status) string {
+	switch {
+	case st.Mode == volume.ModeBlock && st.Partitioned:
+		return "block (GPT)"
+	case st.Mode == volume.ModeBlock:
+		return "block (whole)"
+	}
+	return string(st.Mode)
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%dB", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// dns1123Subdomain is what a PersistentVolume name must match.
+var dns1123Subdomain = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
+func newPVCommand(g *globals) *cobra.Command {
+	var storageClass, node, name string
+	cmd := &cobra.Command{
+		Use:   "pv VOLUME [--storage-class SC] [--node NODE]",
+		Short: "Print a local PersistentVolume for a volume (node mode, static PVs)",
+		Long: `Print a 'local' PersistentVolume whose path is the volume's stable path
+(/dev/disk/by-uuid/<uuid>, /dev/disk/by-partuuid/<uuid>, or /dev/sparsevol/<uuid>
+for whole raw volumes), pinned to this node with nodeAffinity.`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s, err := g.store()
+			if err != nil {
+				return err
+			}
+			v, err := s.Get(args[0])
+			if err != nil {
+				return err
+			}
+			if node == "" {
+				if node, err = os.Hostname(); err != nil {
+					return err
+				}
+			}
+			pv := buildPV(v, name, storageClass, node)
+			data, err := yaml.Marshal(pv)
+			if err != nil {
+				return err
+			}
+			_, err = g.stdout.Write(data)
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&storageClass, "storage-class", "sparsevol-local", "storageClassName of the PV")
+	cmd.Flags().StringVar(&node, "node", "", "node name for nodeAffinity (default: this host's name)")
+	cmd.Flags().StringVar(&name, "name", "", "PV name (default: the volume name if it is a valid name, else sparsevol-<uuid>)")
+	return cmd
+}
+
+func buildPV(v *volume.Volume, name, storageClass, node string) *corev1.PersistentVolume {
+	if name == "" {
+		name = v.Name
+		if len(name) > 253 || !dns1123Subdomain.MatchString(name) {
+			name = "sparsevol-" + v.UUID
+		}
+	}
+	mode := corev1.PersistentVolumeFilesystem
+	var fsType *string
+	if v.Mode == volume.ModeBlock {
+		mode = corev1.PersistentVolumeBlock
+	} else {
+		fsType = &v.FSType
+	}
+	return &corev1.PersistentVolume{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "PersistentVolume"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name: name,
+			Labels: map[string]string{
+				"app.kubernetes.io/managed-by": "sparsevol",
+				"sparsevol.io/uuid":            v.UUID,
+			},
+		},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: *resource.NewQuantity(v.SizeBytes, resource.BinarySI)},
+			VolumeMode:                    &mode,
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+			StorageClassName:              storageClass,
+			PersistentVolumeSource: corev1.PersistentVolumeSource{
+				Local: &corev1.LocalVolumeSource{Path: v.StablePath(), FSType: fsType},
+			},
+			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{
+				NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+					MatchExpressions: []corev1.NodeSelectorRequirement{{
+						Key: "kubernetes.io/hostname", Operator: corev1.NodeSelectorOpIn, Values: []string{node},
+					}},
+				}},
+			}},
+		},
+	}
+}

@@ -1,0 +1,317 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sparsevol/sparsevol/internal/systemd"
+	"github.com/sparsevol/sparsevol/internal/volume"
+)
+
+func newCreateCommand(g *globals) *cobra.Command {
+	var (
+		size, fs, mode, uuid string
+		noPartition          bool
+		mkfsOpts             []string
+		preallocate, noStart bool
+		directIO             bool
+	)
+	cmd := &cobra.Command{
+		Use:   "create NAME --size SIZE",
+		Short: "Create a volume, enable its unit and attach it",
+		Long: `Create a sparse volume: the backing file, then ext4 or XFS whose UUID is the
+volume UUID (filesystem mode), or a GPT whose single partition GUID is the
+volume UUID (block mode; --no-partition for a whole-device raw volume).
+Where systemd runs, sparsevol@<uuid>.service is enabled and started;
+elsewhere the volume is attached directly. Prints the UUID.`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if size == "" {
+				return usagef("--size is required")
+			}
+			bytes, err := volume.ParseSize(size)
+			if err != nil {
+				return err
+			}
+			if mode == string(volume.ModeBlock) && cmd.Flags().Changed("fs") {
+				return usagef("--fs cannot be combined with --mode block")
+			}
+			if mode != string(volume.ModeBlock) {
+				if fs == "" {
+					fs = "ext4"
+				}
+			} else {
+				fs = ""
+			}
+			if noPartition && mode != string(volume.ModeBlock) {
+				return usagef("--no-partition needs --mode block")
+			}
+			req := volume.CreateRequest{
+				Name: args[0], UUID: uuid, SizeBytes: bytes, Mode: volume.Mode(mode),
+				FSType: fs, NoPartition: noPartition, MkfsOptions: mkfsOpts,
+				Preallocate: preallocate, KeepAttached: !noStart,
+			}
+			if cmd.Flags().Changed("direct-io") {
+				req.DirectIO = &directIO
+			}
+			s, err := g.store()
+			if err != nil {
+				return err
+			}
+			v, err := s.Create(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			if err := g.activate(cmd.Context(), s, v, !noStart); err != nil {
+				return fmt.Errorf("volume %s (%s) was created, but: %w", v.Name, v.UUID, err)
+			}
+			fmt.Fprintln(g.stdout, v.UUID)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&size, "size", "", "logical size: bytes or a number with K, M, G, T (Ki, Mi, ... alike: powers of 1024)")
+	f.StringVar(&fs, "fs", "ext4", "filesystem: ext4 or xfs (filesystem mode)")
+	f.StringVar(&mode, "mode", string(volume.ModeFilesystem), "filesystem or block")
+	f.BoolVar(&noPartition, "no-partition", false, "block mode: no partition table; the whole device is the volume")
+	f.StringVar(&uuid, "uuid", "", "volume UUID (default: random)")
+	f.StringArrayVar(&mkfsOpts, "mkfs-option", nil, "extra mkfs arguments, split on spaces (repeatable)")
+	f.BoolVar(&preallocate, "preallocate", false, "allocate every block now (thick volume) instead of a sparse file")
+	f.BoolVar(&noStart, "no-start", false, "enable the unit but do not attach now")
+	f.BoolVar(&directIO, "direct-io", true, "direct I/O from the loop device to the backing file (falls back to buffered where refused)")
+	return cmd
+}
+
+// activate hands a ready volume to systemd (enable, and start if start)
+// or, without systemd, attaches it directly.
+func (g *globals) activate(ctx context.Context, s *volume.Store, v *volume.Volume, start bool) error {
+	if systemd.Running() {
+		mounts := []string{s.Root()}
+		if dir := filepath.Dir(v.BackingFile); dir != s.Root() {
+			mounts = append(mounts, dir)
+		}
+		return g.units().Enable(ctx, v.UUID, s.Root(), mounts, start)
+	}
+	if !start {
+		return nil
+	}
+	_, err := s.Attach(ctx, v.UUID)
+	return err
+}
+
+func newAttachCommand(g *globals) *cobra.Command {
+	var all bool
+	cmd := &cobra.Command{
+		Use:   "attach VOLUME...|--all",
+		Short: "Attach volumes to loop devices (idempotent)",
+		Long: `Attach each volume's backing file to a loop device, unless one is attached
+already. Where udev runs, returns once the stable /dev/disk link exists.
+VOLUME is a name or a UUID. This is the unit's ExecStart.`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := allOrArgs(all, args); err != nil {
+				return err
+			}
+			s, err := g.store()
+			if err != nil {
+				return err
+			}
+			if all {
+				sts, err := s.AttachAll(cmd.Context())
+				for _, st := range sts {
+					fmt.Fprintf(g.stdout, "%s\t%s\n", st.Name, st.Device)
+				}
+				return err
+			}
+			if err := resolveAll(s, args); err != nil {
+				return err
+			}
+			var errs []error
+			for _, ref := range args {
+				st, err := s.Attach(cmd.Context(), ref)
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				fmt.Fprintf(g.stdout, "%s\t%s\n", st.Name, st.Device)
+			}
+			return errors.Join(errs...)
+		},
+	}
+	cmd.Flags().BoolVar(&all, "all", false, "attach every volume of the store")
+	return cmd
+}
+
+func newDetachCommand(g *globals) *cobra.Command {
+	var all bool
+	cmd := &cobra.Command{
+		Use:   "detach VOLUME...|--all",
+		Short: "Detach volumes from their loop devices (idempotent)",
+		Long: `Detach each volume's loop device — for a partitioned volume the parent
+device of its partition. Refuses a mounted volume and says who holds it.
+This is the unit's ExecStop.`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := allOrArgs(all, args); err != nil {
+				return err
+			}
+			s, err := g.store()
+			if err != nil {
+				return err
+			}
+			if all {
+				return s.DetachAll(cmd.Context())
+			}
+			if err := resolveAll(s, args); err != nil {
+				return err
+			}
+			var errs []error
+			for _, ref := range args {
+				errs = append(errs, s.Detach(cmd.Context(), ref))
+			}
+			return errors.Join(errs...)
+		},
+	}
+	cmd.Flags().BoolVar(&all, "all", false, "detach every volume of the store")
+	return cmd
+}
+
+func newDeleteCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "delete VOLUME...",
+		Short: "Stop and disable the unit, detach, and remove the volume and its data",
+		Args:  minArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s, err := g.store()
+			if err != nil {
+				return err
+			}
+			if err := resolveAll(s, args); err != nil {
+				return err
+			}
+			var errs []error
+			for _, ref := range args {
+				errs = append(errs, g.deleteOne(cmd.Context(), s, ref))
+			}
+			return errors.Join(errs...)
+		},
+	}
+}
+
+func (g *globals) deleteOne(ctx context.Context, s *volume.Store, ref string) error {
+	v, err := s.Get(ref)
+	if err != nil {
+		return err
+	}
+	// Refuse before stopping the unit: a mounted volume keeps everything.
+	if err := s.InUse(v.UUID); err != nil {
+		return err
+	}
+	units := g.units()
+	if systemd.Running() {
+		if err := units.Disable(ctx, v.UUID); err != nil {
+			return err
+		}
+	}
+	return s.Delete(ctx, v.UUID)
+}
+
+func newExpandCommand(g *globals) *cobra.Command {
+	var size string
+	cmd := &cobra.Command{
+		Use:   "expand VOLUME --size SIZE",
+		Short: "Grow a volume: file, loop device, partition, filesystem",
+		Args:  exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if size == "" {
+				return usagef("--size is required")
+			}
+			bytes, err := volume.ParseSize(size)
+			if err != nil {
+				return err
+			}
+			s, err := g.store()
+			if err != nil {
+				return err
+			}
+			v, err := s.Expand(cmd.Context(), args[0], bytes, volume.ExpandOptions{})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(g.stdout, "%s\t%s\n", v.Name, volume.FormatSize(v.SizeBytes))
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&size, "size", "", "new logical size (must be larger)")
+	return cmd
+}
+
+func newAdoptCommand(g *globals) *cobra.Command {
+	var dir string
+	var noStart bool
+	cmd := &cobra.Command{
+		Use:   "adopt PATH... | --dir DIR",
+		Short: "Register existing sparse files in place and enable their units",
+		Long: `Register sparse files made by an earlier install (for example
+/var/lib/metalk8s/storage/sparse/<uuid>) without moving or rewriting them.
+ext4 and XFS files keep their filesystem UUID; files with a GPT of one
+partition keep its partition GUID. With --dir, every PATH must lie inside
+DIR, and without PATHs every regular file of DIR is adopted.`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if dir == "" && len(args) == 0 {
+				return usagef("adopt needs PATHs or --dir")
+			}
+			s, err := g.store()
+			if err != nil {
+				return err
+			}
+			vols, err := s.Adopt(cmd.Context(), args, dir)
+			if err != nil {
+				return err
+			}
+			var errs []error
+			for _, v := range vols {
+				if err := g.activate(cmd.Context(), s, v, !noStart); err != nil {
+					errs = append(errs, fmt.Errorf("volume %s adopted, but: %w", v.Name, err))
+				}
+				fmt.Fprintf(g.stdout, "%s\t%s\t%s\n", v.UUID, v.Name, v.BackingFile)
+			}
+			return errors.Join(errs...)
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", "", "directory the files must lie in (all its files if no PATH is given)")
+	cmd.Flags().BoolVar(&noStart, "no-start", false, "enable the units but do not attach now")
+	return cmd
+}
+
+func allOrArgs(all bool, args []string) error {
+	switch {
+	case all && len(args) > 0:
+		return usagef("give VOLUMEs or --all, not both")
+	case !all && len(args) == 0:
+		return usagef("give at least one VOLUME, or --all")
+	}
+	return nil
+}
+
+// resolveAll checks every reference before any is acted on, so a typo in
+// the third name does not leave the first two changed.
+func resolveAll(s *volume.Store, refs []string) error {
+	var missing []string
+	for _, ref := range refs {
+		if _, err := s.Get(ref); err != nil {
+			if errors.Is(err, volume.ErrNotFound) {
+				missing = append(missing, ref)
+				continue
+			}
+			return err
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("no such volume: %s: %w", strings.Join(missing, ", "), volume.ErrNotFound)
+	}
+	return nil
+}

@@ -1,0 +1,175 @@
+// Package systemd installs the sparsevol@.service template and manages its
+// per-volume instances through systemctl. It never talks D-Bus: systemctl
+// is the stable interface, run with an argument vector and no shell.
+package systemd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	systemdunit "github.com/sparsevol/sparsevol/deploy/systemd"
+)
+
+// DefaultUnitDir is where the template and drop-ins are written.
+const DefaultUnitDir = "/etc/systemd/system"
+
+// TemplateName is the template unit's file name.
+const TemplateName = "sparsevol@.service"
+
+// defaultBinary is the path the shipped template runs.
+const defaultBinary = "/usr/local/bin/sparsevol"
+
+// Running reports whether systemd is the init system of this machine
+// (the test sd_booted() makes).
+func Running() bool {
+	fi, err := os.Stat("/run/systemd/system")
+	return err == nil && fi.IsDir()
+}
+
+// UnitName is the instance of the template for one volume.
+func UnitName(uuid string) string { return "sparsevol@" + uuid + ".service" }
+
+// Manager writes units under Dir and drives systemctl.
+type Manager struct {
+	Dir string // unit directory; DefaultUnitDir if empty
+}
+
+func (m Manager) dir() string {
+	if m.Dir == "" {
+		return DefaultUnitDir
+	}
+	return m.Dir
+}
+
+// Render returns the template for a binary at binary and a default store
+// at root.
+func Render(binary, root string) string {
+	unit := systemdunit.Template
+	if binary != "" && binary != defaultBinary {
+		unit = strings.ReplaceAll(unit, defaultBinary, binary)
+	}
+	if root != "" && root != "/var/lib/sparsevol" {
+		unit = strings.ReplaceAll(unit, "/var/lib/sparsevol", root)
+	}
+	return unit
+}
+
+// Install writes the template (atomically) and reloads systemd if it runs.
+func (m Manager) Install(ctx context.Context, binary, root string) (string, error) {
+	path := filepath.Join(m.dir(), TemplateName)
+	if err := writeFileAtomic(path, []byte(Render(binary, root))); err != nil {
+		return "", fmt.Errorf("install %s: %w", path, err)
+	}
+	return path, m.reload(ctx)
+}
+
+// Uninstall removes the template. Instances still enabled are the
+// caller's to disable first.
+func (m Manager) Uninstall(ctx context.Context) (string, error) {
+	path := filepath.Join(m.dir(), TemplateName)
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("uninstall %s: %w", path, err)
+	}
+	return path, m.reload(ctx)
+}
+
+// Installed reports whether the template is present.
+func (m Manager) Installed() bool {
+	_, err := os.Stat(filepath.Join(m.dir(), TemplateName))
+	return err == nil
+}
+
+// DropInPath is the per-volume drop-in that points an instance at a store
+// (and backing file) other than the template's.
+func (m Manager) DropInPath(uuid string) string {
+	return filepath.Join(m.dir(), UnitName(uuid)+".d", "10-store.conf")
+}
+
+// Enable writes the instance's drop-in, enables it, and starts it if start.
+// mountsFor lists the paths the instance needs mounted (store, backing
+// file directory).
+func (m Manager) Enable(ctx context.Context, uuid, root string, mountsFor []string, start bool) error {
+	dropIn := fmt.Sprintf("# Written by sparsevol for volume %s.\n[Unit]\nRequiresMountsFor=%s\n\n[Service]\nEnvironment=SPARSEVOL_ROOT=%s\n",
+		uuid, strings.Join(mountsFor, " "), root)
+	if err := os.MkdirAll(filepath.Dir(m.DropInPath(uuid)), 0o755); err != nil {
+		return fmt.Errorf("enable %s: %w", UnitName(uuid), err)
+	}
+	if err := writeFileAtomic(m.DropInPath(uuid), []byte(dropIn)); err != nil {
+		return fmt.Errorf("enable %s: %w", UnitName(uuid), err)
+	}
+	if err := m.reload(ctx); err != nil {
+		return err
+	}
+	args := []string{"enable"}
+	if start {
+		args = append(args, "--now")
+	}
+	if err := systemctl(ctx, append(args, UnitName(uuid))...); err != nil {
+		return fmt.Errorf("enable %s: %w", UnitName(uuid), err)
+	}
+	return nil
+}
+
+// Disable stops and disables the instance and removes its drop-in. An
+// instance that is not enabled is not an error.
+func (m Manager) Disable(ctx context.Context, uuid string) error {
+	if err := systemctl(ctx, "disable", "--now", UnitName(uuid)); err != nil {
+		return fmt.Errorf("disable %s: %w", UnitName(uuid), err)
+	}
+	os.RemoveAll(filepath.Dir(m.DropInPath(uuid)))
+	return m.reload(ctx)
+}
+
+// Enabled reports whether the instance is enabled, by looking at the
+// symlink systemctl enable makes (works without systemd running).
+func (m Manager) Enabled(uuid string) bool {
+	_, err := os.Lstat(filepath.Join(m.dir(), "multi-user.target.wants", UnitName(uuid)))
+	return err == nil
+}
+
+func (m Manager) reload(ctx context.Context) error {
+	if !Running() {
+		return nil
+	}
+	if err := systemctl(ctx, "daemon-reload"); err != nil {
+		return fmt.Errorf("reload systemd: %w", err)
+	}
+	return nil
+}
+
+func systemctl(ctx context.Context, args ...string) error {
+	cmd := exec.CommandContext(ctx, "systemctl", args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("systemctl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(out.String()))
+	}
+	return nil
+}
+
+func writeFileAtomic(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	return err
+}

@@ -1,0 +1,285 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/sparsevol/sparsevol/internal/loop"
+)
+
+// tag is what attach writes into lo_file_name, so `losetup -l` and a
+// look at any loop device tell which volume it serves.
+func tag(uuid string) string { return "sparsevol:" + uuid }
+
+// attachDevice returns the loop device bound to v's backing file, binding
+// one if there is none. The caller holds v's lock, which is what makes
+// concurrent attaches of the same volume end with one device.
+func (s *Store) attachDevice(v *Volume) (*loop.Device, error) {
+	id, err := loop.FileIDOf(v.BackingFile)
+	if err != nil {
+		return nil, fmt.Errorf("attach %s: backing file: %w", v.Name, err)
+	}
+	if dev, err := loop.Find(id); err == nil {
+		return dev, nil
+	} else if !errors.Is(err, loop.ErrNotAttached) {
+		return nil, fmt.Errorf("attach %s: %w", v.Name, err)
+	}
+	return s.bind(v)
+}
+
+func (s *Store) bind(v *Volume) (*loop.Device, error) {
+	dev, err := loop.Attach(v.BackingFile, loop.AttachOptions{
+		Tag:       tag(v.UUID),
+		DirectIO:  v.DirectIO,
+		BlockSize: v.BlockSize,
+		Partscan:  v.Partitioned,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("attach %s: %w", v.Name, err)
+	}
+	if v.DirectIO && !dev.DirectIO() {
+		s.log.Warn("direct I/O refused by the kernel, using buffered I/O", "volume", v.Name, "device", dev.Path)
+	}
+	s.log.Info("volume attached", "volume", v.Name, "uuid", v.UUID, "device", dev.Path, "directIO", dev.DirectIO())
+	return dev, nil
+}
+
+// finishAttach publishes the /dev/sparsevol link and, where udev runs,
+// waits for the stable /dev/disk link so that whatever is ordered after
+// the unit (kubelet) finds it.
+func (s *Store) finishAttach(ctx context.Context, v *Volume, dev *loop.Device) error {
+	data, err := dataDevice(v, dev)
+	if err != nil {
+		return fmt.Errorf("attach %s: %w", v.Name, err)
+	}
+	if data != "" {
+		if err := setLink(v.UUID, data); err != nil {
+			return fmt.Errorf("attach %s: %w", v.Name, err)
+		}
+	}
+	if !udevRunning() || v.StablePath() == linkPath(v.UUID) {
+		return nil
+	}
+	if err := waitForLink(ctx, v.StablePath(), dev.Path, s.opts.UdevTimeout); err != nil {
+		return fmt.Errorf("attach %s: %w", v.Name, err)
+	}
+	return nil
+}
+
+// dataDevice is the node consumers use: the partition of a partitioned
+// volume ("" if the kernel shows no partitions), the loop device otherwise.
+func dataDevice(v *Volume, dev *loop.Device) (string, error) {
+	if !v.Partitioned {
+		return dev.Path, nil
+	}
+	parts, err := loop.Partitions(dev.Path)
+	if err != nil {
+		return "", err
+	}
+	if len(parts) == 0 {
+		return "", nil
+	}
+	return parts[0], nil
+}
+
+// Attach makes the volume's device exist (idempotent: an attached volume
+// keeps its device) and returns its status.
+func (s *Store) Attach(ctx context.Context, ref string) (*Status, error) {
+	var st *Status
+	err := s.withVolume(ref, func(v *Volume) error {
+		if v.State != StateReady {
+			return fmt.Errorf("attach %s: state %s: %w (rerun create, or delete it)", v.Name, v.State, ErrNotReady)
+		}
+		dev, err := s.attachDevice(v)
+		if err != nil {
+			return err
+		}
+		if err := s.finishAttach(ctx, v, dev); err != nil {
+			return err
+		}
+		st = s.status(v, []*loop.Device{dev})
+		return nil
+	})
+	return st, err
+}
+
+// AttachAll attaches every ready volume. It takes every volume's lock (in
+// UUID order), scans the loop devices once and binds the missing ones, so
+// its cost does not grow with the square of the number of volumes. Errors
+// of single volumes are collected; the others are still attached.
+func (s *Store) AttachAll(ctx context.Context) ([]*Status, error) {
+	vols, err := s.List()
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(vols, func(i, j int) bool { return vols[i].UUID < vols[j].UUID })
+	for _, v := range vols {
+		unlock, err := s.lock(v.UUID)
+		if err != nil {
+			return nil, err
+		}
+		defer unlock()
+	}
+	devs, err := loop.List()
+	if err != nil {
+		return nil, err
+	}
+	byFile := make(map[loop.FileID]*loop.Device, len(devs))
+	for _, d := range devs {
+		if _, seen := byFile[d.Backing]; !seen {
+			byFile[d.Backing] = d
+		}
+	}
+	var errs []error
+	var out []*Status
+	attached := make(map[*Volume]*loop.Device)
+	for _, v := range vols {
+		// Re-read under the lock: another process may have changed it.
+		v, err := s.readMeta(v.UUID)
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if v.State != StateReady {
+			continue
+		}
+		id, err := loop.FileIDOf(v.BackingFile)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("attach %s: %w", v.Name, err))
+			continue
+		}
+		dev := byFile[id]
+		if dev == nil {
+			if dev, err = s.bind(v); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+		}
+		attached[v] = dev
+	}
+	// Wait for udev once for all, not volume by volume.
+	for v, dev := range attached {
+		if err := s.finishAttach(ctx, v, dev); err != nil {
+			errs = append(errs, err)
+		}
+		out = append(out, s.status(v, []*loop.Device{dev}))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, errors.Join(errs...)
+}
+
+// Detach removes the volume's loop device(s) (idempotent). It refuses,
+// changing nothing, while the volume is mounted; if a process merely holds
+// the device open, the kernel detaches it at last close and the error says
+// so (loop.ErrDeferred).
+func (s *Store) Detach(ctx context.Context, ref string) error {
+	return s.withVolume(ref, func(v *Volume) error {
+		return s.detachDevices(v)
+	})
+}
+
+// DetachAll detaches every volume of the store; busy ones are reported and
+// left attached.
+func (s *Store) DetachAll(ctx context.Context) error {
+	vols, err := s.List()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, v := range vols {
+		if err := s.Detach(ctx, v.UUID); err != nil && !errors.Is(err, ErrNotFound) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// detachDevices detaches every loop device bound to v's backing file. The
+// identity check inside loop.Detach proves each is ours.
+func (s *Store) detachDevices(v *Volume) error {
+	id, err := loop.FileIDOf(v.BackingFile)
+	if isNotExist(err) {
+		removeLink(v.UUID)
+		return nil // no file, so no device can be bound to it
+	}
+	if err != nil {
+		return fmt.Errorf("detach %s: %w", v.Name, err)
+	}
+	devs, err := loop.FindAll(id)
+	if err != nil {
+		return fmt.Errorf("detach %s: %w", v.Name, err)
+	}
+	for _, dev := range devs {
+		err := loop.Detach(dev.Path, id)
+		switch {
+		case err == nil, errors.Is(err, loop.ErrNotAttached):
+			s.log.Info("volume detached", "volume", v.Name, "uuid", v.UUID, "device", dev.Path)
+		case errors.Is(err, loop.ErrBusy):
+			return fmt.Errorf("detach %s: %w: %w", v.Name, ErrBusy, err)
+		default:
+			return fmt.Errorf("detach %s: %w", v.Name, err)
+		}
+	}
+	removeLink(v.UUID)
+	return nil
+}
+
+func linkPath(uuid string) string { return filepath.Join(LinkDir, uuid) }
+
+// setLink points /dev/sparsevol/<uuid> at target, atomically (symlink to a
+// temporary name, then rename over).
+func setLink(uuid, target string) error {
+	if cur, err := os.Readlink(linkPath(uuid)); err == nil && cur == target {
+		return nil
+	}
+	if err := os.MkdirAll(LinkDir, 0o755); err != nil {
+		return fmt.Errorf("link %s: %w", linkPath(uuid), err)
+	}
+	tmp := linkPath(uuid) + ".tmp"
+	os.Remove(tmp)
+	if err := os.Symlink(target, tmp); err != nil {
+		return fmt.Errorf("link %s: %w", linkPath(uuid), err)
+	}
+	if err := os.Rename(tmp, linkPath(uuid)); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("link %s: %w", linkPath(uuid), err)
+	}
+	return nil
+}
+
+func removeLink(uuid string) { os.Remove(linkPath(uuid)) }
+
+// udevRunning reports whether udevd is there to create /dev/disk links.
+func udevRunning() bool {
+	_, err := os.Stat("/run/udev/control")
+	return err == nil
+}
+
+// waitForLink polls until link resolves to dev or one of its partitions.
+func waitForLink(ctx context.Context, link, dev string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if target, err := filepath.EvalSymlinks(link); err == nil {
+			if parent, err := loop.ParentOf(target); err == nil && parent == dev {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("udev did not create %s for %s within %s (check `udevadm info %s` and `blkid %s`): %w",
+				link, dev, timeout, dev, dev, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}

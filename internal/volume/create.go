@@ -1,0 +1,288 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/loop"
+)
+
+// CreateRequest describes a new volume.
+type CreateRequest struct {
+	Name        string
+	UUID        string // empty: generate one
+	SizeBytes   int64  // rounded up to a MiB
+	Mode        Mode   // default filesystem
+	FSType      string // default ext4 for filesystem mode
+	NoPartition bool   // block mode: whole-device raw volume, no GPT
+	MkfsOptions []string
+	Preallocate bool
+	DirectIO    *bool // nil: the store default
+	Labels      map[string]string
+	// KeepAttached leaves the loop device attached after create; otherwise
+	// create detaches it again and attaching is left to the unit or caller.
+	KeepAttached bool
+}
+
+// normalize fills defaults and validates, without touching anything.
+func (r *CreateRequest) normalize() error {
+	if err := ValidateName(r.Name); err != nil {
+		return err
+	}
+	if r.UUID != "" {
+		r.UUID = strings.ToLower(r.UUID)
+		if !ValidUUID(r.UUID) {
+			return fmt.Errorf("uuid %q is not of the form xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx: %w", r.UUID, ErrInvalid)
+		}
+	}
+	if r.Mode == "" {
+		r.Mode = ModeFilesystem
+	}
+	switch r.Mode {
+	case ModeFilesystem:
+		if r.FSType == "" {
+			r.FSType = "ext4"
+		}
+		if r.FSType != "ext4" && r.FSType != "xfs" {
+			return fmt.Errorf("filesystem %q is not supported (ext4, xfs): %w", r.FSType, ErrInvalid)
+		}
+		if r.NoPartition {
+			return fmt.Errorf("no-partition applies to block mode only: %w", ErrInvalid)
+		}
+	case ModeBlock:
+		if r.FSType != "" {
+			return fmt.Errorf("a filesystem (%s) cannot be given for a block mode volume: %w", r.FSType, ErrInvalid)
+		}
+		if len(r.MkfsOptions) > 0 {
+			return fmt.Errorf("mkfs options cannot be given for a block mode volume: %w", ErrInvalid)
+		}
+	default:
+		return fmt.Errorf("mode %q is not supported (filesystem, block): %w", r.Mode, ErrInvalid)
+	}
+	if r.SizeBytes <= 0 {
+		return fmt.Errorf("size must be positive: %w", ErrInvalid)
+	}
+	r.SizeBytes = RoundUpMiB(r.SizeBytes)
+	if minimum := MinSize(r.FSType); r.SizeBytes < minimum {
+		return fmt.Errorf("size %s is below the minimum of %s for %s: %w", FormatSize(r.SizeBytes), FormatSize(minimum), r.kind(), ErrInvalid)
+	}
+	for _, opt := range r.MkfsOptions {
+		for _, f := range strings.Fields(opt) {
+			if f == "-U" || strings.HasPrefix(f, "uuid=") || strings.Contains(f, ",uuid=") {
+				return fmt.Errorf("mkfs option %q would change the volume UUID, which is the filesystem UUID: %w", opt, ErrInvalid)
+			}
+		}
+	}
+	return nil
+}
+
+func (r *CreateRequest) kind() string {
+	if r.Mode == ModeBlock {
+		return "block volumes"
+	}
+	return r.FSType
+}
+
+func (r *CreateRequest) compatible(v *Volume) bool {
+	return v.SizeBytes == r.SizeBytes && v.Mode == r.Mode && v.FSType == r.FSType &&
+		v.Partitioned == (r.Mode == ModeBlock && !r.NoPartition) &&
+		v.Preallocate == r.Preallocate && slices.Equal(v.MkfsOptions, r.MkfsOptions) &&
+		(r.UUID == "" || r.UUID == v.UUID)
+}
+
+// Create makes a volume: metadata (state creating), sparse file, loop
+// device, filesystem or partition table, metadata (state ready). A crash
+// at any step leaves a volume in state creating that a rerun of the same
+// Create finishes and Delete removes; it is never reported ready.
+//
+// Creating a name that exists returns ErrExists, unless the existing volume
+// is unfinished and the request is the same, in which case it is finished.
+func (s *Store) Create(ctx context.Context, req CreateRequest) (*Volume, error) {
+	if err := req.normalize(); err != nil {
+		return nil, fmt.Errorf("create %s: %w", req.Name, err)
+	}
+	v, err := s.reserve(req)
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", req.Name, err)
+	}
+	unlock, err := s.lock(v.UUID)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if err := s.build(ctx, v, req.KeepAttached); err != nil {
+		return nil, fmt.Errorf("create %s: %w", req.Name, err)
+	}
+	return v, nil
+}
+
+// reserve checks uniqueness and space and records the volume in state
+// creating, under the store lock so that two creates cannot both pass.
+func (s *Store) reserve(req CreateRequest) (*Volume, error) {
+	unlock, err := s.lock(storeLock)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	vols, err := s.List()
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range vols {
+		if v.Name == req.Name {
+			if v.State == StateCreating && req.compatible(v) {
+				return v, nil // finish what a crashed run started
+			}
+			return nil, fmt.Errorf("name %q is taken by volume %s (%s): %w", req.Name, v.UUID, v.State, ErrExists)
+		}
+		if v.UUID == req.UUID {
+			return nil, fmt.Errorf("uuid %s is taken by volume %q: %w", req.UUID, v.Name, ErrExists)
+		}
+	}
+	if req.UUID == "" {
+		req.UUID = NewUUID()
+	}
+	if _, err := os.Lstat(s.backingPath(req.UUID)); err == nil {
+		return nil, fmt.Errorf("file %s exists but is no volume of this store: %w", s.backingPath(req.UUID), ErrExists)
+	}
+	if err := s.checkSpace(req.SizeBytes); err != nil {
+		return nil, err
+	}
+	directIO := *s.opts.DirectIO
+	if req.DirectIO != nil {
+		directIO = *req.DirectIO
+	}
+	v := &Volume{
+		Name:        req.Name,
+		UUID:        req.UUID,
+		SizeBytes:   req.SizeBytes,
+		Mode:        req.Mode,
+		FSType:      req.FSType,
+		Partitioned: req.Mode == ModeBlock && !req.NoPartition,
+		BackingFile: s.backingPath(req.UUID),
+		Preallocate: req.Preallocate,
+		DirectIO:    directIO,
+		BlockSize:   blockSizeFor(s.root),
+		MkfsOptions: req.MkfsOptions,
+		State:       StateCreating,
+		Created:     time.Now().UTC().Truncate(time.Second),
+		Labels:      maps.Clone(req.Labels),
+	}
+	if err := s.writeMeta(v); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// blockSizeFor picks the loop device's logical block size: the direct I/O
+// alignment of the store's filesystem, so direct I/O needs no bounce
+// buffers, and 512 where that is unknown. It is fixed at create time
+// because partition tables and XFS record the sector size.
+func blockSizeFor(dir string) uint32 {
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, dir, 0, unix.STATX_DIOALIGN, &stx); err == nil &&
+		stx.Mask&unix.STATX_DIOALIGN != 0 && stx.Dio_offset_align >= 512 && stx.Dio_offset_align <= 4096 {
+		return stx.Dio_offset_align
+	}
+	return 512
+}
+
+// build runs the steps after reserve; each is safe to repeat.
+func (s *Store) build(ctx context.Context, v *Volume, keepAttached bool) error {
+	crashPoint("create:reserved")
+	if err := makeBackingFile(v.BackingFile, v.SizeBytes, v.Preallocate); err != nil {
+		return err
+	}
+	crashPoint("create:file")
+	dev, err := s.attachDevice(v)
+	if err != nil {
+		return err
+	}
+	crashPoint("create:attached")
+	if err := s.format(ctx, v, dev); err != nil {
+		return err
+	}
+	crashPoint("create:formatted")
+	v.State = StateReady
+	if err := s.writeMeta(v); err != nil {
+		return err
+	}
+	crashPoint("create:ready")
+	s.log.Info("volume created", "volume", v.Name, "uuid", v.UUID, "size", v.SizeBytes, "mode", v.Mode, "fs", v.FSType)
+	if keepAttached {
+		return s.finishAttach(ctx, v, dev)
+	}
+	return s.detachDevices(v)
+}
+
+func makeBackingFile(path string, size int64, preallocate bool) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("create backing file %s: %w", path, err)
+	}
+	defer f.Close()
+	if preallocate {
+		err = unix.Fallocate(int(f.Fd()), 0, 0, size)
+	} else {
+		err = f.Truncate(size)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if err != nil {
+		return fmt.Errorf("size backing file %s to %d: %w", path, size, err)
+	}
+	return nil
+}
+
+// format writes the filesystem or partition table whose UUID is the
+// volume UUID. Only ever called on a volume in state creating, so any
+// content is ours and half-made: formatting is forced.
+func (s *Store) format(ctx context.Context, v *Volume, dev *loop.Device) error {
+	var args []string
+	var prog string
+	switch {
+	case v.FSType == "ext4":
+		prog = "mkfs.ext4"
+		args = []string{"-q", "-F", "-U", v.UUID}
+		if v.Preallocate {
+			args = append(args, "-E", "nodiscard")
+		}
+	case v.FSType == "xfs":
+		prog = "mkfs.xfs"
+		args = []string{"-q", "-f", "-m", "uuid=" + v.UUID}
+		if v.Preallocate {
+			args = append(args, "-K")
+		}
+	case v.Partitioned:
+		prog = "sgdisk"
+		args = []string{"--clear", "--new=1:0:0", "--partition-guid=1:" + v.UUID,
+			"--typecode=1:8300", "--change-name=1:" + partitionName}
+	default:
+		// Whole-device raw volume: nothing on disk but zeroes.
+		return nil
+	}
+	for _, opt := range v.MkfsOptions {
+		args = append(args, strings.Fields(opt)...)
+	}
+	args = append(args, dev.Path)
+	if _, err := s.run.run(ctx, prog, args...); err != nil {
+		return fmt.Errorf("format %s: %w", v.Name, err)
+	}
+	return nil
+}
+
+// partitionName is the GPT partition name of partitioned block volumes.
+const partitionName = "sparsevol"
+
+// isNotExist reports a missing file under any wrapping.
+func isNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }

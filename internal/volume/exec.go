@@ -1,0 +1,59 @@
+package volume
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+)
+
+// runner runs external programs (mkfs, sgdisk, blkid, ...) without a shell,
+// with an argument vector. Tests may substitute it.
+type runner interface {
+	run(ctx context.Context, name string, args ...string) ([]byte, error)
+}
+
+type execRunner struct{}
+
+func (execRunner) run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	cmd.Stderr = &out
+	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	if err := cmd.Run(); err != nil {
+		msg := strings.TrimSpace(out.String())
+		if len(msg) > 2000 {
+			msg = msg[len(msg)-2000:]
+		}
+		return out.Bytes(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, msg)
+	}
+	return out.Bytes(), nil
+}
+
+func init() {
+	// Units and minimal environments may lack the sbin directories where
+	// mkfs and friends live.
+	path := os.Getenv("PATH")
+	for _, dir := range []string{"/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin"} {
+		if !strings.Contains(":"+path+":", ":"+dir+":") {
+			path += ":" + dir
+		}
+	}
+	os.Setenv("PATH", strings.TrimPrefix(path, ":"))
+}
+
+// CrashEnv names the failure-injection hook used by the crash-safety tests:
+// when it equals a step name, the process kills itself with SIGKILL at that
+// step, exactly as a power cut or OOM kill would stop it.
+const CrashEnv = "SPARSEVOL_TEST_CRASH_AT"
+
+func crashPoint(step string) {
+	if v := os.Getenv(CrashEnv); v != "" && v == step {
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // never returns
+	}
+}

@@ -1,0 +1,247 @@
+package volume
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+	mount "k8s.io/mount-utils"
+	utilexec "k8s.io/utils/exec"
+
+	"github.com/sparsevol/sparsevol/internal/loop"
+)
+
+// ExpandOptions choose how far Expand goes.
+type ExpandOptions struct {
+	// FileOnly grows the backing file (and the loop device if attached)
+	// but leaves partition and filesystem to a later GrowFilesystem, as
+	// the CSI controller/node split wants.
+	FileOnly bool
+}
+
+// Expand grows a volume to newSize (rounded up to a MiB): file, then
+// LOOP_SET_CAPACITY, then the partition of a partitioned block volume, then
+// the filesystem (online where mounted, through a private temporary mount
+// otherwise). Shrinking is refused. Each step is idempotent, and the target
+// is recorded before the first, so a rerun after a crash finishes it.
+func (s *Store) Expand(ctx context.Context, ref string, newSize int64, opts ExpandOptions) (*Volume, error) {
+	if newSize <= 0 {
+		return nil, fmt.Errorf("expand %s: size must be positive: %w", ref, ErrInvalid)
+	}
+	newSize = RoundUpMiB(newSize)
+	var out *Volume
+	err := s.withVolume(ref, func(v *Volume) error {
+		if v.State != StateReady {
+			return fmt.Errorf("expand %s: state %s: %w", v.Name, v.State, ErrNotReady)
+		}
+		switch {
+		case v.ExpandingTo != 0 && newSize == v.ExpandingTo:
+			// Resume an interrupted expansion.
+		case newSize < v.SizeBytes:
+			return fmt.Errorf("expand %s: %s is smaller than the current %s; volumes only grow: %w",
+				v.Name, FormatSize(newSize), FormatSize(v.SizeBytes), ErrInvalid)
+		case newSize == v.SizeBytes && v.ExpandingTo == 0:
+			if opts.FileOnly {
+				out = v
+				return nil
+			}
+			// Same size: still make sure device and filesystem caught up.
+		default:
+			if err := s.checkSpace(newSize - max(v.SizeBytes, v.ExpandingTo)); err != nil {
+				return fmt.Errorf("expand %s: %w", v.Name, err)
+			}
+			v.ExpandingTo = newSize
+			if err := s.writeMeta(v); err != nil {
+				return err
+			}
+		}
+		crashPoint("expand:recorded")
+		target := max(newSize, v.SizeBytes)
+		if err := growFile(v.BackingFile, target, v.Preallocate); err != nil {
+			return fmt.Errorf("expand %s: %w", v.Name, err)
+		}
+		crashPoint("expand:file")
+		if err := s.growDevice(ctx, v, opts.FileOnly); err != nil {
+			return err
+		}
+		crashPoint("expand:grown")
+		v.SizeBytes, v.ExpandingTo = target, 0
+		if err := s.writeMeta(v); err != nil {
+			return err
+		}
+		s.log.Info("volume expanded", "volume", v.Name, "uuid", v.UUID, "size", v.SizeBytes)
+		out = v
+		return nil
+	})
+	return out, err
+}
+
+// GrowFilesystem brings an attached volume's device, partition and
+// filesystem up to the size of its backing file (the node half of a CSI
+// expansion). mountPath, if not empty, is where the filesystem is mounted.
+func (s *Store) GrowFilesystem(ctx context.Context, ref string) error {
+	return s.withVolume(ref, func(v *Volume) error {
+		return s.growDevice(ctx, v, false)
+	})
+}
+
+func growFile(path string, size int64, preallocate bool) error {
+	f, err := os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return fmt.Errorf("grow %s: %w", path, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("grow %s: %w", path, err)
+	}
+	if fi.Size() >= size {
+		return nil
+	}
+	if preallocate {
+		err = unix.Fallocate(int(f.Fd()), 0, 0, size)
+	} else {
+		err = f.Truncate(size)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if err != nil {
+		return fmt.Errorf("grow %s to %d: %w", path, size, err)
+	}
+	return nil
+}
+
+// growDevice propagates the file size to the attached device(s), and unless
+// fileOnly, to the partition and the filesystem. A detached volume is
+// attached for the filesystem step and detached again.
+func (s *Store) growDevice(ctx context.Context, v *Volume, fileOnly bool) error {
+	id, err := loop.FileIDOf(v.BackingFile)
+	if err != nil {
+		return fmt.Errorf("expand %s: %w", v.Name, err)
+	}
+	devs, err := loop.FindAll(id)
+	if err != nil {
+		return fmt.Errorf("expand %s: %w", v.Name, err)
+	}
+	for _, d := range devs {
+		if err := loop.SetCapacity(d.Path, id); err != nil {
+			return fmt.Errorf("expand %s: %w", v.Name, err)
+		}
+	}
+	if fileOnly || (v.Mode == ModeBlock && !v.Partitioned) {
+		return nil
+	}
+	var dev *loop.Device
+	if len(devs) > 0 {
+		dev = devs[0]
+	} else {
+		if dev, err = s.bind(v); err != nil {
+			return err
+		}
+		defer func() {
+			if err := loop.Detach(dev.Path, id); err != nil {
+				s.log.Warn("detach after offline expand", "volume", v.Name, "error", err)
+			}
+		}()
+	}
+	if v.Partitioned {
+		return s.growPartition(ctx, v, dev)
+	}
+	return s.growFS(ctx, v, dev.Path)
+}
+
+// growPartition moves the GPT backup header to the new end and recreates
+// partition 1 with the same start, GUID, type and name up to the end; then
+// tells the kernel, where it shows partitions at all.
+func (s *Store) growPartition(ctx context.Context, v *Volume, dev *loop.Device) error {
+	out, err := s.run.run(ctx, "sfdisk", "--json", dev.Path)
+	if err != nil {
+		return fmt.Errorf("expand %s: read partition table: %w", v.Name, err)
+	}
+	var table struct {
+		PartitionTable struct {
+			LastLBA    int64 `json:"lastlba"`
+			Partitions []struct {
+				Start int64 `json:"start"`
+				Size  int64 `json:"size"`
+			} `json:"partitions"`
+		} `json:"partitiontable"`
+	}
+	if err := json.Unmarshal(out, &table); err != nil || len(table.PartitionTable.Partitions) != 1 {
+		return fmt.Errorf("expand %s: partition table of %s is not one GPT partition", v.Name, dev.Path)
+	}
+	p := table.PartitionTable.Partitions[0]
+	if _, err := s.run.run(ctx, "sgdisk", "--move-second-header", dev.Path); err != nil {
+		return fmt.Errorf("expand %s: %w", v.Name, err)
+	}
+	start := strconv.FormatInt(p.Start, 10)
+	if _, err := s.run.run(ctx, "sgdisk", "--delete=1", "--new=1:"+start+":0", "--partition-guid=1:"+v.UUID,
+		"--typecode=1:8300", "--change-name=1:"+partitionName, dev.Path); err != nil {
+		return fmt.Errorf("expand %s: %w", v.Name, err)
+	}
+	if parts, _ := loop.Partitions(dev.Path); len(parts) > 0 {
+		if _, err := s.run.run(ctx, "partx", "--update", "--nr", "1", dev.Path); err != nil {
+			return fmt.Errorf("expand %s: %w", v.Name, err)
+		}
+	}
+	return nil
+}
+
+// growFS grows the filesystem on device: online at its mount point;
+// offline for an unmounted ext4 (e2fsck, then resize2fs: no capability
+// beyond access to the device needed); through a private temporary mount
+// for an unmounted XFS, which only grows mounted.
+func (s *Store) growFS(ctx context.Context, v *Volume, device string) error {
+	resizer := mount.NewResizeFs(utilexec.New())
+	mounts, err := loop.MountPoints(device)
+	if err != nil {
+		return fmt.Errorf("expand %s: %w", v.Name, err)
+	}
+	if len(mounts) > 0 {
+		if _, err := resizer.Resize(device, mounts[0]); err != nil {
+			return fmt.Errorf("expand %s: %w", v.Name, err)
+		}
+		return nil
+	}
+	if v.FSType == "ext4" {
+		// e2fsck -p exits 1 when it fixed something, which is fine here.
+		if out, err := s.run.run(ctx, "e2fsck", "-f", "-p", device); err != nil && exitCode(err) != 1 {
+			return fmt.Errorf("expand %s: %w (%s)", v.Name, err, out)
+		}
+		if _, err := s.run.run(ctx, "resize2fs", device); err != nil {
+			return fmt.Errorf("expand %s: %w", v.Name, err)
+		}
+		return nil
+	}
+	dir := filepath.Join(s.root, lockDir, "mnt-"+v.UUID)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("expand %s: %w", v.Name, err)
+	}
+	defer os.Remove(dir)
+	if err := unix.Mount(device, dir, v.FSType, unix.MS_NOATIME, ""); err != nil {
+		return fmt.Errorf("expand %s: temporary mount of %s: %w", v.Name, device, err)
+	}
+	_, rerr := resizer.Resize(device, dir)
+	if err := unix.Unmount(dir, 0); err != nil && rerr == nil {
+		rerr = fmt.Errorf("unmount %s: %w", dir, err)
+	}
+	if rerr != nil {
+		return fmt.Errorf("expand %s: %w", v.Name, rerr)
+	}
+	return nil
+}
+
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	return -1
+}

@@ -1,0 +1,102 @@
+package volume
+
+import (
+	"errors"
+	"os"
+
+	"github.com/sparsevol/sparsevol/internal/loop"
+)
+
+// Status is a volume's metadata joined with what the kernel says now.
+type Status struct {
+	Volume
+	Attached bool `json:"attached"`
+	// Device is the whole loop device (/dev/loopN); DataDevice is what to
+	// format, mount or hand to a pod: the partition of a partitioned volume.
+	Device           string   `json:"device"`
+	DataDevice       string   `json:"dataDevice"`
+	StablePath       string   `json:"stablePath"`
+	StablePathExists bool     `json:"stablePathExists"`
+	AllocatedBytes   int64    `json:"allocatedBytes"`
+	FileSizeBytes    int64    `json:"fileSizeBytes"`
+	FileMissing      bool     `json:"fileMissing,omitempty"`
+	DirectIOActive   bool     `json:"directIO"`
+	MountPoints      []string `json:"mountPoints,omitempty"`
+	ExtraDevices     []string `json:"extraDevices,omitempty"`
+}
+
+// AllocatedRatio is allocated bytes over logical size.
+func (st *Status) AllocatedRatio() float64 {
+	if st.SizeBytes == 0 {
+		return 0
+	}
+	return float64(st.AllocatedBytes) / float64(st.SizeBytes)
+}
+
+// Status reports one volume.
+func (s *Store) Status(ref string) (*Status, error) {
+	v, err := s.Get(ref)
+	if err != nil {
+		return nil, err
+	}
+	return s.statusOf(v), nil
+}
+
+// Statuses reports every volume, scanning loop devices once.
+func (s *Store) Statuses() ([]*Status, error) {
+	vols, err := s.List()
+	if err != nil {
+		return nil, err
+	}
+	devs, err := loop.List()
+	if err != nil {
+		return nil, err
+	}
+	byFile := map[loop.FileID][]*loop.Device{}
+	for _, d := range devs {
+		byFile[d.Backing] = append(byFile[d.Backing], d)
+	}
+	out := make([]*Status, 0, len(vols))
+	for _, v := range vols {
+		id, _ := loop.FileIDOf(v.BackingFile)
+		out = append(out, s.status(v, byFile[id]))
+	}
+	return out, nil
+}
+
+func (s *Store) statusOf(v *Volume) *Status {
+	var devs []*loop.Device
+	if id, err := loop.FileIDOf(v.BackingFile); err == nil {
+		devs, _ = loop.FindAll(id)
+	}
+	return s.status(v, devs)
+}
+
+func (s *Store) status(v *Volume, devs []*loop.Device) *Status {
+	st := &Status{Volume: *v, StablePath: v.StablePath()}
+	var fi os.FileInfo
+	fi, err := os.Stat(v.BackingFile)
+	if errors.Is(err, os.ErrNotExist) {
+		st.FileMissing = true
+	} else if err == nil {
+		st.FileSizeBytes = fi.Size()
+		st.AllocatedBytes = allocatedBytes(v.BackingFile)
+	}
+	if len(devs) > 0 {
+		dev := devs[0]
+		st.Attached = true
+		st.Device = dev.Path
+		st.DirectIOActive = dev.DirectIO()
+		st.DataDevice, _ = dataDevice(v, dev)
+		for _, extra := range devs[1:] {
+			st.ExtraDevices = append(st.ExtraDevices, extra.Path)
+		}
+		if st.DataDevice != "" {
+			st.MountPoints, _ = loop.MountPoints(st.DataDevice)
+		}
+	}
+	if _, err := os.Stat(st.StablePath); err == nil {
+		st.StablePathExists = true
+	}
+	return st
+}

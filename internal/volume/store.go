@@ -1,0 +1,333 @@
+package volume
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// DefaultRoot is the store directory when neither --root nor
+// SPARSEVOL_ROOT says otherwise.
+const DefaultRoot = "/var/lib/sparsevol"
+
+// RootEnv names the environment variable that selects the store.
+const RootEnv = "SPARSEVOL_ROOT"
+
+// Options tune a Store. The zero value is the documented default.
+type Options struct {
+	// OvercommitRatio bounds the logical sizes of all volumes against what
+	// the store's filesystem can give them (free space plus what the volumes
+	// already hold). 1 (the default) means every volume can be filled
+	// completely; 2 allows promising twice that.
+	OvercommitRatio float64
+	// UdevTimeout bounds how long attach waits for the stable link where
+	// udev runs. Default 30 s.
+	UdevTimeout time.Duration
+	// DirectIO is the default for new volumes.
+	DirectIO *bool
+	Logger   *slog.Logger
+}
+
+// Store is one root directory of volumes. It is safe for concurrent use by
+// goroutines and processes: every mutation of a volume holds its flock.
+type Store struct {
+	root string
+	opts Options
+	log  *slog.Logger
+	run  runner
+}
+
+// Open opens the store at root, which must exist, be a directory and be
+// writable. It creates nothing: a missing store is an input error, not
+// something to paper over with a fresh empty directory.
+func Open(root string, opts Options) (*Store, error) {
+	if root == "" {
+		return nil, fmt.Errorf("open store: empty root: %w", ErrInvalid)
+	}
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return nil, fmt.Errorf("open store %s: %w", root, err)
+	}
+	fi, err := os.Stat(abs)
+	if err != nil {
+		return nil, fmt.Errorf("open store %s: %w (create it with install -d -m 0700 %s): %w", abs, err, abs, ErrInvalid)
+	}
+	if !fi.IsDir() {
+		return nil, fmt.Errorf("open store %s: not a directory: %w", abs, ErrInvalid)
+	}
+	if err := unix.Access(abs, unix.W_OK|unix.X_OK); err != nil {
+		return nil, fmt.Errorf("open store %s: not writable: %w", abs, ErrInvalid)
+	}
+	if opts.OvercommitRatio == 0 {
+		opts.OvercommitRatio = 1
+	}
+	if opts.OvercommitRatio < 0 {
+		return nil, fmt.Errorf("open store %s: overcommit ratio %v is negative: %w", abs, opts.OvercommitRatio, ErrInvalid)
+	}
+	if opts.UdevTimeout == 0 {
+		opts.UdevTimeout = 30 * time.Second
+	}
+	if opts.DirectIO == nil {
+		on := true
+		opts.DirectIO = &on
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(filepath.Join(abs, lockDir), 0o700); err != nil {
+		return nil, fmt.Errorf("open store %s: %w", abs, err)
+	}
+	return &Store{root: abs, opts: opts, log: log, run: execRunner{}}, nil
+}
+
+// Root returns the absolute store directory.
+func (s *Store) Root() string { return s.root }
+
+// Options returns the store's effective options.
+func (s *Store) Options() Options { return s.opts }
+
+const (
+	lockDir   = ".locks"
+	metaExt   = ".json"
+	storeLock = "store"
+)
+
+func (s *Store) metaPath(uuid string) string    { return filepath.Join(s.root, uuid+metaExt) }
+func (s *Store) backingPath(uuid string) string { return filepath.Join(s.root, uuid) }
+
+// lock takes an exclusive flock on <root>/.locks/<name>. The returned
+// function releases it. Locks are released by the kernel if the process
+// dies, which is what makes a killed CLI safe to rerun.
+func (s *Store) lock(name string) (func(), error) {
+	path := filepath.Join(s.root, lockDir, name)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock %s: %w", name, err)
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", name, err)
+	}
+	return func() { f.Close() }, nil
+}
+
+// writeMeta persists v atomically: temp file, fsync, rename, fsync dir.
+// A crash leaves either the old or the new metadata, never a torn file.
+func (s *Store) writeMeta(v *Volume) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("write metadata of %s: %w", v.Name, err)
+	}
+	data = append(data, '\n')
+	tmp, err := os.CreateTemp(s.root, ".tmp-"+v.UUID+"-*")
+	if err != nil {
+		return fmt.Errorf("write metadata of %s: %w", v.Name, err)
+	}
+	defer os.Remove(tmp.Name()) // no-op after a successful rename
+	if _, err := tmp.Write(data); err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), s.metaPath(v.UUID))
+	}
+	if err == nil {
+		err = syncDir(s.root)
+	}
+	if err != nil {
+		return fmt.Errorf("write metadata of %s: %w", v.Name, err)
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+func (s *Store) readMeta(uuid string) (*Volume, error) {
+	data, err := os.ReadFile(s.metaPath(uuid))
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("volume %s: %w", uuid, ErrNotFound)
+		}
+		return nil, fmt.Errorf("read metadata of %s: %w", uuid, err)
+	}
+	var v Volume
+	if err := json.Unmarshal(data, &v); err != nil {
+		return nil, fmt.Errorf("read metadata of %s: %w", uuid, err)
+	}
+	if v.UUID != uuid {
+		return nil, fmt.Errorf("read metadata of %s: file names volume %s", uuid, v.UUID)
+	}
+	return &v, nil
+}
+
+func (s *Store) removeMeta(uuid string) error {
+	if err := os.Remove(s.metaPath(uuid)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove metadata of %s: %w", uuid, err)
+	}
+	if err := syncDir(s.root); err != nil {
+		return fmt.Errorf("remove metadata of %s: %w", uuid, err)
+	}
+	os.Remove(filepath.Join(s.root, lockDir, uuid))
+	return nil
+}
+
+// List returns every volume of the store, in every state, sorted by name.
+func (s *Store) List() ([]*Volume, error) {
+	entries, err := os.ReadDir(s.root)
+	if err != nil {
+		return nil, fmt.Errorf("list store %s: %w", s.root, err)
+	}
+	var vols []*Volume
+	for _, e := range entries {
+		name := e.Name()
+		uuid, ok := strings.CutSuffix(name, metaExt)
+		if !ok || !ValidUUID(uuid) {
+			continue
+		}
+		v, err := s.readMeta(uuid)
+		if errors.Is(err, ErrNotFound) {
+			continue // deleted while we listed
+		}
+		if err != nil {
+			return nil, err
+		}
+		vols = append(vols, v)
+	}
+	sort.Slice(vols, func(i, j int) bool { return vols[i].Name < vols[j].Name })
+	return vols, nil
+}
+
+// Get resolves a volume by UUID or name.
+func (s *Store) Get(ref string) (*Volume, error) {
+	if ref == "" {
+		return nil, fmt.Errorf("empty volume reference: %w", ErrInvalid)
+	}
+	if ValidUUID(ref) {
+		v, err := s.readMeta(ref)
+		if err == nil || !errors.Is(err, ErrNotFound) {
+			return v, err
+		}
+	}
+	vols, err := s.List()
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range vols {
+		if v.Name == ref {
+			return v, nil
+		}
+	}
+	return nil, fmt.Errorf("volume %q: %w", ref, ErrNotFound)
+}
+
+// withVolume resolves ref, takes the volume's lock and re-reads its
+// metadata under it, so fn sees what the last holder wrote.
+func (s *Store) withVolume(ref string, fn func(v *Volume) error) error {
+	v, err := s.Get(ref)
+	if err != nil {
+		return err
+	}
+	unlock, err := s.lock(v.UUID)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	v, err = s.readMeta(v.UUID)
+	if err != nil {
+		return err
+	}
+	return fn(v)
+}
+
+// Space describes the store's filesystem and what its volumes promise.
+type Space struct {
+	FreeBytes      int64 `json:"freeBytes"`      // available to unprivileged writers
+	AllocatedBytes int64 `json:"allocatedBytes"` // held by the volumes' files
+	CommittedBytes int64 `json:"committedBytes"` // sum of logical sizes
+	// CapacityBytes is what may still be promised under the policy.
+	CapacityBytes   int64   `json:"capacityBytes"`
+	OvercommitRatio float64 `json:"overcommitRatio"`
+}
+
+// Space measures the store against its overcommit policy.
+func (s *Store) Space() (Space, error) {
+	vols, err := s.List()
+	if err != nil {
+		return Space{}, err
+	}
+	return s.space(vols)
+}
+
+func (s *Store) space(vols []*Volume) (Space, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(s.root, &st); err != nil {
+		return Space{}, fmt.Errorf("statfs %s: %w", s.root, err)
+	}
+	sp := Space{FreeBytes: int64(st.Bavail) * st.Bsize, OvercommitRatio: s.opts.OvercommitRatio}
+	for _, v := range vols {
+		sp.CommittedBytes += max(v.SizeBytes, v.ExpandingTo)
+		// Adopted files on another filesystem do not draw on this one.
+		if onSameFS(v.BackingFile, st.Fsid) {
+			sp.AllocatedBytes += allocatedBytes(v.BackingFile)
+		}
+	}
+	limit := int64(s.opts.OvercommitRatio * float64(sp.FreeBytes+sp.AllocatedBytes))
+	sp.CapacityBytes = max(0, limit-sp.CommittedBytes)
+	return sp, nil
+}
+
+func onSameFS(path string, fsid unix.Fsid) bool {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return false
+	}
+	return st.Fsid == fsid
+}
+
+// allocatedBytes is what the file really occupies (st_blocks), which for a
+// sparse file is far less than its size.
+func allocatedBytes(path string) int64 {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0
+	}
+	return st.Blocks * 512
+}
+
+// checkSpace refuses growth by delta bytes beyond the policy.
+func (s *Store) checkSpace(delta int64) error {
+	sp, err := s.Space()
+	if err != nil {
+		return err
+	}
+	if delta > sp.CapacityBytes {
+		return fmt.Errorf("%s requested, the store can promise %s more (free %s, committed %s, overcommit ratio %g): %w",
+			FormatSize(delta), FormatSize(sp.CapacityBytes), FormatSize(sp.FreeBytes), FormatSize(sp.CommittedBytes), sp.OvercommitRatio, ErrNoSpace)
+	}
+	return nil
+}
