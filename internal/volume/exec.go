@@ -18,20 +18,22 @@ type runner interface {
 
 type execRunner struct{}
 
+// run returns the program's standard output; standard error goes into
+// the error message, so that warnings never corrupt parsed output.
 func (execRunner) run(ctx context.Context, name string, args ...string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, name, args...)
-	var out bytes.Buffer
-	cmd.Stdout = &out
-	cmd.Stderr = &out
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout = &stdout
+	cmd.Stderr = &stderr
 	cmd.Env = append(os.Environ(), "LC_ALL=C")
 	if err := cmd.Run(); err != nil {
-		msg := strings.TrimSpace(out.String())
+		msg := strings.TrimSpace(stderr.String() + "\n" + stdout.String())
 		if len(msg) > 2000 {
 			msg = msg[len(msg)-2000:]
 		}
-		return out.Bytes(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, msg)
+		return stdout.Bytes(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, msg)
 	}
-	return out.Bytes(), nil
+	return stdout.Bytes(), nil
 }
 
 func init() {

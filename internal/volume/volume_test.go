@@ -1,0 +1,162 @@
+package volume
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestParseSize(t *testing.T) {
+	tests := []struct {
+		in   string
+		want int64
+		ok   bool
+	}{
+		{"1", 1, true},
+		{"4096", 4096, true},
+		{"1K", 1 << 10, true},
+		{"1Ki", 1 << 10, true},
+		{"64M", 64 << 20, true},
+		{"64Mi", 64 << 20, true},
+		{"64MiB", 64 << 20, true},
+		{"1.5G", 3 << 29, true},
+		{"2Gi", 2 << 30, true},
+		{"1T", 1 << 40, true},
+		{"1Ti", 1 << 40, true},
+		{"0", 0, false},
+		{"0M", 0, false},
+		{"-1", 0, false},
+		{"-5G", 0, false},
+		{"abc", 0, false},
+		{"", 0, false},
+		{"G", 0, false},
+		{"12X", 0, false},
+		{"1e400", 0, false},
+		{"NaN", 0, false},
+		{"99999999P", 0, false},
+	}
+	for _, tt := range tests {
+		got, err := ParseSize(tt.in)
+		if (err == nil) != tt.ok || got != tt.want {
+			t.Errorf("ParseSize(%q) = %d, %v; want %d, ok=%v", tt.in, got, err, tt.want, tt.ok)
+		}
+		if err != nil && !errors.Is(err, ErrInvalid) {
+			t.Errorf("ParseSize(%q) error %v is not ErrInvalid", tt.in, err)
+		}
+	}
+}
+
+func TestValidateName(t *testing.T) {
+	tests := []struct {
+		name string
+		ok   bool
+	}{
+		{"data", true},
+		{"prometheus-0", true},
+		{"a.b_c", true},
+		{strings.Repeat("a", 253), true},
+		{"", false},
+		{strings.Repeat("a", 254), false},
+		{"a/b", false},
+		{"..", false},
+		{"a..b", false},
+		{"a b", false},
+		{"a\x00b", false},
+		{"tab\there", false},
+		{".hidden", false},
+	}
+	for _, tt := range tests {
+		err := ValidateName(tt.name)
+		if (err == nil) != tt.ok {
+			t.Errorf("ValidateName(%q) = %v, want ok=%v", tt.name, err, tt.ok)
+		}
+		if err != nil && !errors.Is(err, ErrInvalid) {
+			t.Errorf("ValidateName(%q) error is not ErrInvalid: %v", tt.name, err)
+		}
+	}
+}
+
+func TestNormalizeCreateRequest(t *testing.T) {
+	tests := []struct {
+		name string
+		req  CreateRequest
+		ok   bool
+		want CreateRequest // checked fields: Mode, FSType, SizeBytes
+	}{
+		{"defaults", CreateRequest{Name: "a", SizeBytes: 10 << 20}, true,
+			CreateRequest{Mode: ModeFilesystem, FSType: "ext4", SizeBytes: 10 << 20}},
+		{"rounds up to MiB", CreateRequest{Name: "a", SizeBytes: 10<<20 + 1}, true,
+			CreateRequest{Mode: ModeFilesystem, FSType: "ext4", SizeBytes: 11 << 20}},
+		{"block", CreateRequest{Name: "a", SizeBytes: 1 << 20, Mode: ModeBlock}, true,
+			CreateRequest{Mode: ModeBlock, SizeBytes: 1 << 20}},
+		{"xfs too small", CreateRequest{Name: "a", SizeBytes: 299 << 20, FSType: "xfs"}, false, CreateRequest{}},
+		{"ext4 too small", CreateRequest{Name: "a", SizeBytes: 1 << 20}, false, CreateRequest{}},
+		{"unknown fs", CreateRequest{Name: "a", SizeBytes: 1 << 30, FSType: "btrfs"}, false, CreateRequest{}},
+		{"unknown mode", CreateRequest{Name: "a", SizeBytes: 1 << 30, Mode: "file"}, false, CreateRequest{}},
+		{"fs with block", CreateRequest{Name: "a", SizeBytes: 1 << 30, Mode: ModeBlock, FSType: "ext4"}, false, CreateRequest{}},
+		{"no-partition with fs", CreateRequest{Name: "a", SizeBytes: 1 << 30, NoPartition: true}, false, CreateRequest{}},
+		{"bad uuid", CreateRequest{Name: "a", SizeBytes: 1 << 30, UUID: "1234"}, false, CreateRequest{}},
+		{"upper-case uuid accepted", CreateRequest{Name: "a", SizeBytes: 1 << 30, UUID: "7F561330-FB42-440F-83E9-E9F8AA31D2F4"}, true,
+			CreateRequest{Mode: ModeFilesystem, FSType: "ext4", SizeBytes: 1 << 30}},
+		{"mkfs option changing uuid", CreateRequest{Name: "a", SizeBytes: 1 << 30, MkfsOptions: []string{"-U 7f561330-fb42-440f-83e9-e9f8aa31d2f4"}}, false, CreateRequest{}},
+		{"zero size", CreateRequest{Name: "a"}, false, CreateRequest{}},
+		{"bad name", CreateRequest{Name: "a/b", SizeBytes: 1 << 30}, false, CreateRequest{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req := tt.req
+			err := req.normalize()
+			if (err == nil) != tt.ok {
+				t.Fatalf("normalize = %v, want ok=%v", err, tt.ok)
+			}
+			if err != nil {
+				if !errors.Is(err, ErrInvalid) {
+					t.Fatalf("error %v is not ErrInvalid", err)
+				}
+				return
+			}
+			if req.Mode != tt.want.Mode || req.FSType != tt.want.FSType || req.SizeBytes != tt.want.SizeBytes {
+				t.Fatalf("normalized to %+v, want %+v", req, tt.want)
+			}
+		})
+	}
+}
+
+func TestNewUUID(t *testing.T) {
+	seen := map[string]bool{}
+	for range 1000 {
+		u := NewUUID()
+		if !ValidUUID(u) || u[14] != '4' {
+			t.Fatalf("NewUUID() = %q, not a v4 UUID", u)
+		}
+		if seen[u] {
+			t.Fatalf("duplicate UUID %s", u)
+		}
+		seen[u] = true
+	}
+}
+
+func TestStablePath(t *testing.T) {
+	u := "7f561330-fb42-440f-83e9-e9f8aa31d2f4"
+	tests := []struct {
+		v    Volume
+		want string
+	}{
+		{Volume{UUID: u, Mode: ModeFilesystem, FSType: "ext4"}, "/dev/disk/by-uuid/" + u},
+		{Volume{UUID: u, Mode: ModeBlock, Partitioned: true}, "/dev/disk/by-partuuid/" + u},
+		{Volume{UUID: u, Mode: ModeBlock}, "/dev/sparsevol/" + u},
+	}
+	for _, tt := range tests {
+		if got := tt.v.StablePath(); got != tt.want {
+			t.Errorf("StablePath(%+v) = %s, want %s", tt.v, got, tt.want)
+		}
+	}
+}
+
+func TestFormatSize(t *testing.T) {
+	for in, want := range map[int64]string{1 << 30: "1Gi", 3 << 20: "3Mi", 1536: "1536", 5 << 40: "5Ti", 1024: "1Ki"} {
+		if got := FormatSize(in); got != want {
+			t.Errorf("FormatSize(%d) = %s, want %s", in, got, want)
+		}
+	}
+}
