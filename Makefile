@@ -41,3 +41,10 @@ bench: build
 
 clean:
 	rm -rf bin
+
+# The VM reboot test (test/vm, see its README): builds a Debian image once
+# (cached under $${SPARSEVOL_E2E_CACHE:-/var/cache/sparsevol-e2e}), installs
+# this checkout into a copy with `make install DESTDIR=...` and boots it under
+# qemu (software emulation). Needs root, qemu-system-x86 and debootstrap.
+e2e:
+	$(GO) test -tags e2e -v -count=1 -timeout 60m ./test/vm/
