@@ -1,0 +1,427 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/cli"
+	"github.com/sparsevol/sparsevol/internal/loop"
+	"github.com/sparsevol/sparsevol/internal/testutil"
+	"github.com/sparsevol/sparsevol/internal/volume"
+)
+
+// The test binary doubles as the CLI: with asCLI set it runs main's logic,
+// so the tests drive real processes (which can be killed mid-operation)
+// without a separate build step.
+const asCLI = "SPARSEVOL_TEST_AS_CLI"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(asCLI) == "1" {
+		os.Exit(cli.Main(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+type result struct {
+	code           int
+	signaled       bool
+	stdout, stderr string
+}
+
+// sparsevol runs the CLI against store root with extra environment.
+func sparsevol(t *testing.T, root string, env []string, args ...string) result {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], append([]string{"--root", root}, args...)...)
+	cmd.Env = append(os.Environ(), append([]string{asCLI + "=1"}, env...)...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	r := result{stdout: stdout.String(), stderr: stderr.String()}
+	if ee, ok := err.(*exec.ExitError); ok {
+		r.code = ee.ExitCode()
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			r.signaled = true
+		}
+	} else if err != nil {
+		t.Fatalf("run sparsevol %v: %v", args, err)
+	}
+	return r
+}
+
+func mustRun(t *testing.T, root string, args ...string) string {
+	t.Helper()
+	r := sparsevol(t, root, nil, args...)
+	if r.code != 0 {
+		t.Fatalf("sparsevol %v: exit %d: %s", args, r.code, r.stderr)
+	}
+	return r.stdout
+}
+
+// newRoot makes a store directory and fails the test at cleanup if any
+// loop device of its volumes is left.
+func newRoot(t *testing.T) string {
+	t.Helper()
+	testutil.RequireRoot(t)
+	root := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, root) })
+	return root
+}
+
+func checkNoLeaks(t *testing.T, root string) {
+	t.Helper()
+	devs, _ := loop.List()
+	for _, d := range devs {
+		uuid, ok := strings.CutPrefix(d.Tag, "sparsevol:")
+		if !ok {
+			continue
+		}
+		path := filepath.Join(root, uuid)
+		id, err := loop.FileIDOf(path)
+		if err == nil && id == d.Backing {
+			loop.Detach(d.Path, id)
+			t.Errorf("leaked loop device %s for %s", d.Path, path)
+		}
+	}
+}
+
+func statuses(t *testing.T, root string) []volume.Status {
+	t.Helper()
+	var sts []volume.Status
+	if err := json.Unmarshal([]byte(mustRun(t, root, "list", "-o", "json")), &sts); err != nil {
+		t.Fatal(err)
+	}
+	return sts
+}
+
+// snapshot renders everything a rejected command must leave alone: the
+// store's files and metadata, and the loop devices of the machine.
+func snapshot(t *testing.T, root string) string {
+	t.Helper()
+	var b strings.Builder
+	filepath.Walk(root, func(path string, fi os.FileInfo, err error) error {
+		if err != nil || strings.Contains(path, "/.locks") {
+			return nil
+		}
+		data := ""
+		if strings.HasSuffix(path, ".json") {
+			d, _ := os.ReadFile(path)
+			data = string(d)
+		}
+		fmt.Fprintf(&b, "%s %s %d %s\n", path, fi.Mode(), fi.Size(), data)
+		return nil
+	})
+	devs, _ := loop.List()
+	for _, d := range devs {
+		fmt.Fprintf(&b, "%s %v %s\n", d.Path, d.Backing, d.Tag)
+	}
+	return b.String()
+}
+
+func TestBadInputExitsTwoAndChangesNothing(t *testing.T) {
+	root := newRoot(t)
+	uuid := strings.TrimSpace(mustRun(t, root, "create", "existing", "--size", "8M"))
+	mustRun(t, root, "create", "small", "--size", "32M", "--no-start")
+	oldDir := t.TempDir()
+	junk := filepath.Join(oldDir, "junk")
+	os.WriteFile(junk, bytes.Repeat([]byte("x"), 2<<20), 0o600)
+	outside := filepath.Join(t.TempDir(), "vol")
+	os.WriteFile(outside, nil, 0o600)
+	os.Truncate(outside, 16<<20)
+	exec.Command("mkfs.ext4", "-q", outside).Run()
+	readOnly := t.TempDir()
+	if err := unix.Mount("tmpfs", readOnly, "tmpfs", unix.MS_RDONLY, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(readOnly, 0) })
+
+	tests := []struct {
+		name string
+		root string // default: the test store
+		args []string
+	}{
+		{"empty name", "", []string{"create", "", "--size", "8M"}},
+		{"name too long", "", []string{"create", strings.Repeat("n", 254), "--size", "8M"}},
+		{"name with slash", "", []string{"create", "a/b", "--size", "8M"}},
+		{"name with dotdot", "", []string{"create", "..", "--size", "8M"}},
+		{"name with space", "", []string{"create", "a b", "--size", "8M"}},
+		{"existing name", "", []string{"create", "existing", "--size", "8M"}},
+		{"existing uuid", "", []string{"create", "other", "--size", "8M", "--uuid", uuid}},
+		{"malformed uuid", "", []string{"create", "other", "--size", "8M", "--uuid", "not-a-uuid"}},
+		{"size zero", "", []string{"create", "other", "--size", "0"}},
+		{"size negative", "", []string{"create", "other", "--size", "-1G"}},
+		{"size not numeric", "", []string{"create", "other", "--size", "big"}},
+		{"size missing", "", []string{"create", "other"}},
+		{"ext4 below minimum", "", []string{"create", "other", "--size", "1M"}},
+		{"xfs below minimum", "", []string{"create", "other", "--size", "100M", "--fs", "xfs"}},
+		{"beyond overcommit", "", []string{"create", "other", "--size", "1P"}},
+		{"unknown fs", "", []string{"create", "other", "--size", "8M", "--fs", "btrfs"}},
+		{"unknown mode", "", []string{"create", "other", "--size", "8M", "--mode", "file"}},
+		{"fs with block mode", "", []string{"create", "other", "--size", "8M", "--mode", "block", "--fs", "ext4"}},
+		{"no-partition without block", "", []string{"create", "other", "--size", "8M", "--no-partition"}},
+		{"unknown flag", "", []string{"create", "other", "--size", "8M", "--colour"}},
+		{"shrink", "", []string{"expand", "small", "--size", "16M"}},
+		{"expand beyond overcommit", "", []string{"expand", "small", "--size", "1P"}},
+		{"attach missing volume", "", []string{"attach", "nope"}},
+		{"attach some missing", "", []string{"attach", "small", "nope"}},
+		{"detach missing volume", "", []string{"detach", "nope"}},
+		{"delete missing volume", "", []string{"delete", "small", "nope"}},
+		{"expand missing volume", "", []string{"expand", "nope", "--size", "1G"}},
+		{"status missing volume", "", []string{"status", "nope"}},
+		{"pv missing volume", "", []string{"pv", "nope"}},
+		{"attach without volume", "", []string{"attach"}},
+		{"attach volume and all", "", []string{"attach", "small", "--all"}},
+		{"bad output format", "", []string{"list", "-o", "yaml"}},
+		{"missing store", "/nonexistent/store", []string{"list"}},
+		{"unwritable store", readOnly, []string{"create", "other", "--size", "8M"}},
+		{"adopt non-volume", "", []string{"adopt", junk}},
+		{"adopt outside dir", "", []string{"adopt", "--dir", oldDir, outside}},
+		{"adopt nothing", "", []string{"adopt"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r0 := root
+			if tt.root != "" {
+				r0 = tt.root
+			}
+			before := snapshot(t, root)
+			r := sparsevol(t, r0, nil, tt.args...)
+			if r.code != 2 {
+				t.Fatalf("exit %d, want 2; stderr: %s", r.code, r.stderr)
+			}
+			lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
+			if len(lines) != 1 || !strings.HasPrefix(lines[0], "sparsevol: ") {
+				t.Fatalf("want one error line, got %q", r.stderr)
+			}
+			if after := snapshot(t, root); after != before {
+				t.Fatalf("rejected command changed state:\nbefore:\n%s\nafter:\n%s", before, after)
+			}
+		})
+	}
+	mustRun(t, root, "delete", "existing", "small")
+}
+
+// TestCrashSafety kills the CLI with SIGKILL at every step of create,
+// expand and delete, and checks that the volume is never reported ready
+// when it is not, and that rerunning the command, or delete, converges
+// with no leaked loop device.
+func TestCrashSafety(t *testing.T) {
+	createSteps := []string{"create:reserved", "create:file", "create:attached", "create:formatted", "create:ready"}
+	for _, step := range createSteps {
+		for _, recovery := range []string{"rerun", "delete"} {
+			t.Run(step+"/"+recovery, func(t *testing.T) {
+				root := newRoot(t)
+				r := sparsevol(t, root, []string{volume.CrashEnv + "=" + step}, "create", "v", "--size", "16M")
+				if !r.signaled {
+					t.Fatalf("crash point %s not reached: exit %d %s", step, r.code, r.stderr)
+				}
+				sts := statuses(t, root)
+				if len(sts) != 1 {
+					t.Fatalf("%d volumes after crash, want 1", len(sts))
+				}
+				if step != "create:ready" && sts[0].State == volume.StateReady {
+					t.Fatalf("volume reported ready after a crash at %s", step)
+				}
+				if recovery == "delete" {
+					mustRun(t, root, "delete", "v")
+					if sts := statuses(t, root); len(sts) != 0 {
+						t.Fatalf("volumes left after delete: %+v", sts)
+					}
+					assertEmptyStore(t, root)
+					return
+				}
+				r = sparsevol(t, root, nil, "create", "v", "--size", "16M")
+				if step == "create:ready" {
+					// Finished before the kill: the name is simply taken.
+					if r.code != 2 {
+						t.Fatalf("rerun after a complete create: exit %d, want 2", r.code)
+					}
+				} else if r.code != 0 {
+					t.Fatalf("rerun create: exit %d: %s", r.code, r.stderr)
+				}
+				st := statuses(t, root)[0]
+				if st.State != volume.StateReady || len(st.ExtraDevices) > 0 {
+					t.Fatalf("after rerun: %+v", st)
+				}
+				if out, err := exec.Command("blkid", "-p", "-s", "UUID", "-o", "value", st.BackingFile).Output(); err != nil || strings.TrimSpace(string(out)) != st.UUID {
+					t.Fatalf("filesystem UUID %q, want %s", out, st.UUID)
+				}
+				mustRun(t, root, "delete", "v")
+			})
+		}
+	}
+	for _, step := range []string{"expand:recorded", "expand:file", "expand:grown"} {
+		t.Run(step, func(t *testing.T) {
+			root := newRoot(t)
+			mustRun(t, root, "create", "v", "--size", "16M")
+			r := sparsevol(t, root, []string{volume.CrashEnv + "=" + step}, "expand", "v", "--size", "48M")
+			if !r.signaled {
+				t.Fatalf("crash point %s not reached: exit %d %s", step, r.code, r.stderr)
+			}
+			mustRun(t, root, "expand", "v", "--size", "48M")
+			st := statuses(t, root)[0]
+			if st.SizeBytes != 48<<20 || st.ExpandingTo != 0 || st.FileSizeBytes != 48<<20 {
+				t.Fatalf("after rerun: size %d, expanding %d, file %d", st.SizeBytes, st.ExpandingTo, st.FileSizeBytes)
+			}
+			if size, _ := loop.Size(st.Device); size != 48<<20 {
+				t.Fatalf("device size %d", size)
+			}
+			mustRun(t, root, "delete", "v")
+		})
+	}
+	for _, step := range []string{"delete:marked", "delete:detached", "delete:file"} {
+		t.Run(step, func(t *testing.T) {
+			root := newRoot(t)
+			mustRun(t, root, "create", "v", "--size", "16M")
+			r := sparsevol(t, root, []string{volume.CrashEnv + "=" + step}, "delete", "v")
+			if !r.signaled {
+				t.Fatalf("crash point %s not reached: exit %d %s", step, r.code, r.stderr)
+			}
+			if sts := statuses(t, root); len(sts) != 1 || sts[0].State != volume.StateDeleting {
+				t.Fatalf("after crash: %+v", sts)
+			}
+			if r := sparsevol(t, root, nil, "attach", "v"); r.code == 0 {
+				t.Fatal("a volume being deleted was attached")
+			}
+			mustRun(t, root, "delete", "v")
+			assertEmptyStore(t, root)
+		})
+	}
+}
+
+func assertEmptyStore(t *testing.T, root string) {
+	t.Helper()
+	entries, _ := os.ReadDir(root)
+	for _, e := range entries {
+		if e.Name() != ".locks" {
+			t.Errorf("left in store: %s", e.Name())
+		}
+	}
+}
+
+func TestConcurrentAttachSameVolume(t *testing.T) {
+	root := newRoot(t)
+	mustRun(t, root, "create", "shared", "--size", "8M", "--no-start")
+	const procs = 32
+	var wg sync.WaitGroup
+	results := make([]result, procs)
+	for i := range procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = sparsevol(t, root, nil, "attach", "shared")
+		}()
+	}
+	wg.Wait()
+	devices := map[string]bool{}
+	for _, r := range results {
+		if r.code != 0 {
+			t.Fatalf("attach failed: %s", r.stderr)
+		}
+		devices[strings.Fields(r.stdout)[1]] = true
+	}
+	st := statuses(t, root)[0]
+	if len(devices) != 1 || len(st.ExtraDevices) != 0 {
+		t.Fatalf("%d processes attached %v (extra %v): want exactly one device", procs, devices, st.ExtraDevices)
+	}
+	mustRun(t, root, "delete", "shared")
+}
+
+func TestConcurrentCreates(t *testing.T) {
+	root := newRoot(t)
+	const procs = 64
+	var wg sync.WaitGroup
+	results := make([]result, procs)
+	for i := range procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = sparsevol(t, root, nil, "create", fmt.Sprintf("v%02d", i), "--size", "4M")
+		}()
+	}
+	wg.Wait()
+	for i, r := range results {
+		if r.code != 0 {
+			t.Fatalf("create v%02d: exit %d: %s", i, r.code, r.stderr)
+		}
+	}
+	sts := statuses(t, root)
+	devices := map[string]bool{}
+	var names []string
+	for _, st := range sts {
+		if st.State != volume.StateReady || !st.Attached {
+			t.Errorf("volume %s: state %s, attached %v", st.Name, st.State, st.Attached)
+		}
+		devices[st.Device] = true
+		names = append(names, st.Name)
+	}
+	sort.Strings(names)
+	if len(sts) != procs || len(devices) != procs {
+		t.Fatalf("%d volumes on %d devices, want %d on %d", len(sts), len(devices), procs, procs)
+	}
+	args := append([]string{"delete"}, names...)
+	mustRun(t, root, args...)
+}
+
+func TestCommandsEndToEnd(t *testing.T) {
+	root := newRoot(t)
+	for _, tc := range []struct{ name, fs string }{{"e", "ext4"}, {"x", "xfs"}} {
+		size := "32M"
+		if tc.fs == "xfs" {
+			size = "300M"
+		}
+		uuid := strings.TrimSpace(mustRun(t, root, "create", tc.name, "--size", size, "--fs", tc.fs, "--mkfs-option", "-L "+tc.name))
+		var st volume.Status
+		json.Unmarshal([]byte(mustRun(t, root, "status", tc.name, "-o", "json")), &st)
+		if st.UUID != uuid || !st.Attached || st.FSType != tc.fs || st.AllocatedBytes == 0 || st.StablePath != "/dev/disk/by-uuid/"+uuid {
+			t.Fatalf("status: %+v", st)
+		}
+		label, _ := exec.Command("blkid", "-s", "LABEL", "-o", "value", st.Device).Output()
+		if strings.TrimSpace(string(label)) != tc.name {
+			t.Fatalf("--mkfs-option not passed: label %q", label)
+		}
+		pv := mustRun(t, root, "pv", tc.name, "--node", "node-1", "--storage-class", "local")
+		for _, want := range []string{"kind: PersistentVolume", "path: /dev/disk/by-uuid/" + uuid, "- node-1", "volumeMode: Filesystem", "fsType: " + tc.fs, "storageClassName: local"} {
+			if !strings.Contains(pv, want) {
+				t.Fatalf("pv manifest lacks %q:\n%s", want, pv)
+			}
+		}
+	}
+	raw := strings.TrimSpace(mustRun(t, root, "create", "r", "--size", "8M", "--mode", "block", "--no-partition"))
+	if pv := mustRun(t, root, "pv", "r"); !strings.Contains(pv, "volumeMode: Block") || !strings.Contains(pv, "/dev/sparsevol/"+raw) {
+		t.Fatalf("raw pv:\n%s", pv)
+	}
+	table := mustRun(t, root, "list")
+	for _, want := range []string{"NAME", "e ", "x ", "r ", "block (whole)"} {
+		if !strings.Contains(table, want) {
+			t.Fatalf("list lacks %q:\n%s", want, table)
+		}
+	}
+	mustRun(t, root, "detach", "--all")
+	for _, st := range statuses(t, root) {
+		if st.Attached {
+			t.Fatalf("%s attached after detach --all", st.Name)
+		}
+	}
+	mustRun(t, root, "attach", "--all")
+	for _, st := range statuses(t, root) {
+		if !st.Attached {
+			t.Fatalf("%s detached after attach --all", st.Name)
+		}
+	}
+	mustRun(t, root, "expand", "e", "--size", "64M")
+	if doctor := sparsevol(t, root, nil, "doctor"); !strings.Contains(doctor.stdout, "loop") || !strings.Contains(doctor.stdout, "space") {
+		t.Fatalf("doctor output:\n%s%s", doctor.stdout, doctor.stderr)
+	}
+	mustRun(t, root, "delete", "e", "x", "r")
+}
