@@ -121,9 +121,14 @@ func snapshot(t *testing.T, root string) string {
 		fmt.Fprintf(&b, "%s %s %d %s\n", path, fi.Mode(), fi.Size(), data)
 		return nil
 	})
+	// Only this store's devices: other tests attach and detach theirs
+	// concurrently.
 	devs, _ := loop.List()
 	for _, d := range devs {
-		fmt.Fprintf(&b, "%s %v %s\n", d.Path, d.Backing, d.Tag)
+		uuid, _ := strings.CutPrefix(d.Tag, "sparsevol:")
+		if id, err := loop.FileIDOf(filepath.Join(root, uuid)); err == nil && id == d.Backing {
+			fmt.Fprintf(&b, "%s %v %s\n", d.Path, d.Backing, d.Tag)
+		}
 	}
 	return b.String()
 }

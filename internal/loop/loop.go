@@ -331,19 +331,64 @@ func Find(id FileID) (*Device, error) {
 
 // FindAll returns every device bound to the file with identity id, lowest
 // number first; none is not an error.
+//
+// Opening every bound device for LOOP_GET_STATUS64 costs a block-device
+// open and close each, so the scan first stats the path sysfs reports as
+// each device's backing file and asks the kernel only about devices whose
+// path has the identity sought, or cannot be resolved here (deleted, or
+// from another mount namespace). The ioctl stays the proof.
 func FindAll(id FileID) ([]*Device, error) {
-	devs, err := List()
+	entries, err := os.ReadDir("/sys/block")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("find backing %d:%d: %w", id.Dev, id.Inode, err)
 	}
 	var out []*Device
-	for _, d := range devs {
-		if d.Backing == id {
-			out = append(out, d)
+	buf := make([]byte, 4096)
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasPrefix(name, "loop") {
+			continue
+		}
+		n, err := strconv.Atoi(name[4:])
+		if err != nil {
+			continue
+		}
+		path, ok := readSysString("/sys/block/"+name+"/loop/backing_file", buf)
+		if !ok {
+			continue // not bound
+		}
+		var st unix.Stat_t
+		if unix.Stat(path, &st) == nil && (st.Dev != id.Dev || st.Ino != id.Inode) {
+			continue // bound to some other file
+		}
+		dev, err := Get(devicePath(n))
+		if errors.Is(err, ErrNotAttached) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("find backing %d:%d: %w", id.Dev, id.Inode, err)
+		}
+		if dev.Backing == id {
+			out = append(out, dev)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Number < out[j].Number })
 	return out, nil
+}
+
+// readSysString reads a small sysfs attribute without the extra fstat
+// os.ReadFile makes; ok is false if it does not exist.
+func readSysString(path string, buf []byte) (string, bool) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", false
+	}
+	defer unix.Close(fd)
+	n, err := unix.Read(fd, buf)
+	if err != nil || n <= 0 {
+		return "", false
+	}
+	return strings.TrimSuffix(string(buf[:n]), "\n"), true
 }
 
 // Busy returns an ErrBusy error naming who uses the device (mounts, holder

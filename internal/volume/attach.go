@@ -113,18 +113,11 @@ func (s *Store) Attach(ctx context.Context, ref string) (*Status, error) {
 // its cost does not grow with the square of the number of volumes. Errors
 // of single volumes are collected; the others are still attached.
 func (s *Store) AttachAll(ctx context.Context) ([]*Status, error) {
-	vols, err := s.List()
+	locked, err := s.lockAll()
 	if err != nil {
 		return nil, err
 	}
-	sort.Slice(vols, func(i, j int) bool { return vols[i].UUID < vols[j].UUID })
-	for _, v := range vols {
-		unlock, err := s.lock(v.UUID)
-		if err != nil {
-			return nil, err
-		}
-		defer unlock()
-	}
+	defer unlockAll(locked)
 	devs, err := loop.List()
 	if err != nil {
 		return nil, err
@@ -138,9 +131,9 @@ func (s *Store) AttachAll(ctx context.Context) ([]*Status, error) {
 	var errs []error
 	var out []*Status
 	attached := make(map[*Volume]*loop.Device)
-	for _, v := range vols {
+	for _, lv := range locked {
 		// Re-read under the lock: another process may have changed it.
-		v, err := s.readMeta(v.UUID)
+		v, err := s.readMeta(lv.uuid)
 		if errors.Is(err, ErrNotFound) {
 			continue
 		}
@@ -186,20 +179,73 @@ func (s *Store) Detach(ctx context.Context, ref string) error {
 	})
 }
 
-// DetachAll detaches every volume of the store; busy ones are reported and
-// left attached.
+// DetachAll detaches every volume of the store with one scan of the loop
+// devices, under every volume's lock; busy ones are reported and left
+// attached.
 func (s *Store) DetachAll(ctx context.Context) error {
-	vols, err := s.List()
+	vols, err := s.lockAll()
 	if err != nil {
 		return err
 	}
+	defer unlockAll(vols)
+	devs, err := loop.List()
+	if err != nil {
+		return err
+	}
+	byFile := map[loop.FileID][]*loop.Device{}
+	for _, d := range devs {
+		byFile[d.Backing] = append(byFile[d.Backing], d)
+	}
 	var errs []error
-	for _, v := range vols {
-		if err := s.Detach(ctx, v.UUID); err != nil && !errors.Is(err, ErrNotFound) {
+	for _, lv := range vols {
+		v, err := s.readMeta(lv.uuid)
+		if err != nil {
+			if !errors.Is(err, ErrNotFound) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		id, err := loop.FileIDOf(v.BackingFile)
+		if err != nil {
+			removeLink(v.UUID)
+			continue
+		}
+		if err := s.detachList(v, id, byFile[id]); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+type lockedVolume struct {
+	uuid   string
+	unlock func()
+}
+
+// lockAll takes the lock of every volume, in UUID order so that two
+// callers cannot deadlock.
+func (s *Store) lockAll() ([]lockedVolume, error) {
+	vols, err := s.List()
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(vols, func(i, j int) bool { return vols[i].UUID < vols[j].UUID })
+	out := make([]lockedVolume, 0, len(vols))
+	for _, v := range vols {
+		unlock, err := s.lock(v.UUID)
+		if err != nil {
+			unlockAll(out)
+			return nil, err
+		}
+		out = append(out, lockedVolume{v.UUID, unlock})
+	}
+	return out, nil
+}
+
+func unlockAll(vols []lockedVolume) {
+	for _, v := range vols {
+		v.unlock()
+	}
 }
 
 // detachDevices detaches every loop device bound to v's backing file. The
@@ -217,6 +263,10 @@ func (s *Store) detachDevices(v *Volume) error {
 	if err != nil {
 		return fmt.Errorf("detach %s: %w", v.Name, err)
 	}
+	return s.detachList(v, id, devs)
+}
+
+func (s *Store) detachList(v *Volume, id loop.FileID, devs []*loop.Device) error {
 	for _, dev := range devs {
 		err := loop.Detach(dev.Path, id)
 		switch {
