@@ -4,7 +4,8 @@ BINDIR   ?= $(PREFIX)/bin
 UNITDIR  ?= /etc/systemd/system
 STORE    ?= /var/lib/sparsevol
 DESTDIR  ?=
-GO       ?= go
+# sudo resets PATH; find Go where the official tarball puts it.
+GO       ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 GOFLAGS  ?= -trimpath
 TEST_TIMEOUT ?= 30m
 
