@@ -1,0 +1,64 @@
+package systemd
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestRender(t *testing.T) {
+	tests := []struct {
+		name, binary, root string
+		want, notWant      []string
+	}{
+		{"defaults", "", "",
+			[]string{"ExecStart=/usr/local/bin/sparsevol attach %i", "ExecStop=/usr/local/bin/sparsevol detach %i",
+				"RequiresMountsFor=/var/lib/sparsevol", "Before=kubelet.service", "Environment=SPARSEVOL_ROOT=/var/lib/sparsevol"}, nil},
+		{"other binary and store", "/opt/bin/sparsevol", "/srv/store",
+			[]string{"ExecStart=/opt/bin/sparsevol attach %i", "RequiresMountsFor=/srv/store", "SPARSEVOL_ROOT=/srv/store"},
+			[]string{"/usr/local/bin", "/var/lib/sparsevol"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			unit := Render(tt.binary, tt.root)
+			for _, w := range tt.want {
+				if !strings.Contains(unit, w) {
+					t.Errorf("unit lacks %q", w)
+				}
+			}
+			for _, w := range tt.notWant {
+				if strings.Contains(unit, w) {
+					t.Errorf("unit still has %q", w)
+				}
+			}
+		})
+	}
+}
+
+// TestTemplateVerifies runs systemd-analyze verify on an instance of the
+// template; any diagnostic (it exits 0 on mere warnings) fails the test.
+func TestTemplateVerifies(t *testing.T) {
+	analyze, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Fatal("systemd-analyze not installed (Debian package systemd); .ci/run installs it")
+	}
+	dir := t.TempDir()
+	bin, _ := os.Executable() // an existing executable for ExecStart
+	instance := filepath.Join(dir, UnitName("0b7e4bd6-1c2b-4a57-9d6a-0e5d7f4e2f10"))
+	if err := os.WriteFile(instance, []byte(Render(bin, dir)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(analyze, "verify", "--man=no", instance).CombinedOutput()
+	// Lines about the host's own units (no systemd running here) are not ours.
+	var ours []string
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if strings.Contains(line, "sparsevol") {
+			ours = append(ours, line)
+		}
+	}
+	if err != nil || len(ours) > 0 {
+		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
