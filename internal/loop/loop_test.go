@@ -217,3 +217,57 @@ func TestUnescapeMountPath(t *testing.T) {
 		t.Fatalf("got %q", got)
 	}
 }
+
+// TestConcurrentAttachWithForeignTools attaches files from many goroutines
+// while losetup processes (which do not take our lock) grab free devices
+// too: every attach must succeed on a device of its own.
+func TestConcurrentAttachWithForeignTools(t *testing.T) {
+	testutil.RequireRoot(t)
+	const ours, theirs = 24, 8
+	type res struct {
+		dev *Device
+		err error
+	}
+	results := make(chan res, ours)
+	foreign := make(chan string, theirs)
+	for i := 0; i < theirs; i++ {
+		path, _ := backingFile(t, 1<<20)
+		go func() {
+			out, err := exec.Command("losetup", "--find", "--show", path).Output()
+			if err != nil {
+				foreign <- ""
+				return
+			}
+			foreign <- strings.TrimSpace(string(out))
+		}()
+	}
+	for i := 0; i < ours; i++ {
+		path, _ := backingFile(t, 1<<20)
+		go func() {
+			dev, err := Attach(path, AttachOptions{Tag: "sparsevol:concurrency"})
+			results <- res{dev, err}
+		}()
+	}
+	seen := map[string]bool{}
+	for i := 0; i < ours; i++ {
+		r := <-results
+		if r.err != nil {
+			t.Errorf("Attach: %v", r.err)
+			continue
+		}
+		if seen[r.dev.Path] {
+			t.Errorf("device %s handed out twice", r.dev.Path)
+		}
+		seen[r.dev.Path] = true
+		id := r.dev.Backing
+		t.Cleanup(func() { Detach(r.dev.Path, id) })
+	}
+	for i := 0; i < theirs; i++ {
+		if dev := <-foreign; dev != "" {
+			if seen[dev] {
+				t.Errorf("device %s shared with losetup", dev)
+			}
+			t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
+		}
+	}
+}
