@@ -127,19 +127,13 @@ VOLUME is a name or a UUID. This is the unit's ExecStart.`,
 				}
 				return err
 			}
-			if err := resolveAll(s, args); err != nil {
-				return err
-			}
-			var errs []error
-			for _, ref := range args {
+			return eachVolume(s, args, func(ref string) error {
 				st, err := s.Attach(cmd.Context(), ref)
-				if err != nil {
-					errs = append(errs, err)
-					continue
+				if err == nil {
+					fmt.Fprintf(g.stdout, "%s\t%s\n", st.Name, st.Device)
 				}
-				fmt.Fprintf(g.stdout, "%s\t%s\n", st.Name, st.Device)
-			}
-			return errors.Join(errs...)
+				return err
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "attach every volume of the store")
@@ -165,14 +159,7 @@ This is the unit's ExecStop.`,
 			if all {
 				return s.DetachAll(cmd.Context())
 			}
-			if err := resolveAll(s, args); err != nil {
-				return err
-			}
-			var errs []error
-			for _, ref := range args {
-				errs = append(errs, s.Detach(cmd.Context(), ref))
-			}
-			return errors.Join(errs...)
+			return eachVolume(s, args, func(ref string) error { return s.Detach(cmd.Context(), ref) })
 		},
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "detach every volume of the store")
@@ -189,14 +176,7 @@ func newDeleteCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := resolveAll(s, args); err != nil {
-				return err
-			}
-			var errs []error
-			for _, ref := range args {
-				errs = append(errs, g.deleteOne(cmd.Context(), s, ref))
-			}
-			return errors.Join(errs...)
+			return eachVolume(s, args, func(ref string) error { return g.deleteOne(cmd.Context(), s, ref) })
 		},
 	}
 }
@@ -295,6 +275,19 @@ func allOrArgs(all bool, args []string) error {
 		return usagef("give at least one VOLUME, or --all")
 	}
 	return nil
+}
+
+// eachVolume checks every reference first, then runs fn on each, going on
+// past failures and reporting them all.
+func eachVolume(s *volume.Store, refs []string, fn func(ref string) error) error {
+	if err := resolveAll(s, refs); err != nil {
+		return err
+	}
+	var errs []error
+	for _, ref := range refs {
+		errs = append(errs, fn(ref))
+	}
+	return errors.Join(errs...)
 }
 
 // resolveAll checks every reference before any is acted on, so a typo in

@@ -199,7 +199,7 @@ func blockSizeFor(dir string) uint32 {
 // build runs the steps after reserve; each is safe to repeat.
 func (s *Store) build(ctx context.Context, v *Volume, keepAttached bool) error {
 	crashPoint("create:reserved")
-	if err := makeBackingFile(v.BackingFile, v.SizeBytes, v.Preallocate); err != nil {
+	if err := sizeBackingFile(v.BackingFile, v.SizeBytes, v.Preallocate, true); err != nil {
 		return err
 	}
 	crashPoint("create:file")
@@ -224,15 +224,29 @@ func (s *Store) build(ctx context.Context, v *Volume, keepAttached bool) error {
 	return s.detachDevices(v)
 }
 
-func makeBackingFile(path string, size int64, preallocate bool) error {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+// sizeBackingFile creates (if create) and grows the file at path to size:
+// a hole for thin volumes, allocated blocks (fallocate) for thick ones. It
+// never shrinks, and repeating it is harmless, which crash recovery needs.
+func sizeBackingFile(path string, size int64, preallocate, create bool) error {
+	flags := os.O_RDWR | unix.O_CLOEXEC | unix.O_NOFOLLOW
+	if create {
+		flags |= os.O_CREATE
+	}
+	f, err := os.OpenFile(path, flags, 0o600)
 	if err != nil {
-		return fmt.Errorf("create backing file %s: %w", path, err)
+		return fmt.Errorf("size backing file %s: %w", path, err)
 	}
 	defer f.Close()
-	if preallocate {
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("size backing file %s: %w", path, err)
+	}
+	switch {
+	case preallocate:
 		err = unix.Fallocate(int(f.Fd()), 0, 0, size)
-	} else {
+	case fi.Size() >= size:
+		return nil
+	default:
 		err = f.Truncate(size)
 	}
 	if err == nil {

@@ -63,7 +63,7 @@ func (s *Store) Expand(ctx context.Context, ref string, newSize int64, opts Expa
 		}
 		crashPoint("expand:recorded")
 		target := max(newSize, v.SizeBytes)
-		if err := growFile(v.BackingFile, target, v.Preallocate); err != nil {
+		if err := sizeBackingFile(v.BackingFile, target, v.Preallocate, false); err != nil {
 			return fmt.Errorf("expand %s: %w", v.Name, err)
 		}
 		crashPoint("expand:file")
@@ -89,33 +89,6 @@ func (s *Store) GrowFilesystem(ctx context.Context, ref string) error {
 	return s.withVolume(ref, func(v *Volume) error {
 		return s.growDevice(ctx, v, false)
 	})
-}
-
-func growFile(path string, size int64, preallocate bool) error {
-	f, err := os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
-	if err != nil {
-		return fmt.Errorf("grow %s: %w", path, err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return fmt.Errorf("grow %s: %w", path, err)
-	}
-	if fi.Size() >= size {
-		return nil
-	}
-	if preallocate {
-		err = unix.Fallocate(int(f.Fd()), 0, 0, size)
-	} else {
-		err = f.Truncate(size)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if err != nil {
-		return fmt.Errorf("grow %s to %d: %w", path, size, err)
-	}
-	return nil
 }
 
 // growDevice propagates the file size to the attached device(s), and unless

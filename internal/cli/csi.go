@@ -1,0 +1,117 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sparsevol/sparsevol/internal/csi"
+	"github.com/sparsevol/sparsevol/internal/volume"
+)
+
+// CSI flag names; deploy/kubernetes is tested against them.
+const (
+	CSIFlagEndpoint   = "endpoint"
+	CSIFlagNodeID     = "node-id"
+	CSIFlagDriverName = "driver-name"
+	CSIFlagMetrics    = "metrics-address"
+	CSIFlagMaxVolumes = "max-volumes"
+	CSIFlagLogLevel   = "log-level"
+)
+
+func newCSICommand(g *globals) *cobra.Command {
+	var (
+		endpoint, nodeID, driverName, metricsAddr, logLevel string
+		maxVolumes                                          int64
+	)
+	cmd := &cobra.Command{
+		Use:   "csi --endpoint unix:///csi/csi.sock --node-id NODE",
+		Short: "Serve the CSI plugin (Identity, Controller and Node) for this node",
+		Long: `Serve the Container Storage Interface on a unix socket: volumes of the store
+(--root) are created, staged and published for Kubernetes. Run one per node,
+next to csi-provisioner --node-deployment (see deploy/kubernetes).`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if nodeID == "" {
+				return usagef("--%s is required", CSIFlagNodeID)
+			}
+			socket, err := csi.ParseEndpoint(endpoint)
+			if err != nil {
+				return usageError{err}
+			}
+			var level slog.Level
+			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+				return usagef("--%s %q: want debug, info, warn or error", CSIFlagLogLevel, logLevel)
+			}
+			log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
+			store, err := volume.Open(g.root, volume.Options{
+				OvercommitRatio: g.overcommit,
+				UdevTimeout:     g.udevWait,
+				Logger:          log,
+			})
+			if err != nil {
+				return err
+			}
+			metrics := csi.NewMetrics(store)
+			drv, err := csi.New(csi.Config{
+				DriverName: driverName,
+				Version:    buildVersion(),
+				NodeID:     nodeID,
+				MaxVolumes: maxVolumes,
+				Store:      store,
+				Logger:     log,
+				Metrics:    metrics,
+			})
+			if err != nil {
+				return err
+			}
+			l, err := csi.Listen(socket)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			ctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			errc := make(chan error, 2)
+			go func() { errc <- drv.Serve(ctx, l) }()
+			servers := 1
+			if metricsAddr != "" {
+				servers++
+				go func() { errc <- csi.ServeMetrics(ctx, metricsAddr, metrics, log) }()
+			}
+			var first error
+			for range servers {
+				if err := <-errc; err != nil && first == nil {
+					first = err
+				}
+				cancel() // one server ending stops the other
+			}
+			if first != nil {
+				return fmt.Errorf("csi: %w", first)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&endpoint, CSIFlagEndpoint, "unix:///csi/csi.sock", "CSI endpoint (unix socket)")
+	f.StringVar(&nodeID, CSIFlagNodeID, "", "this node's name, as Kubernetes knows it (required)")
+	f.StringVar(&driverName, CSIFlagDriverName, csi.DefaultDriverName, "CSI driver name")
+	f.StringVar(&metricsAddr, CSIFlagMetrics, "", "serve Prometheus metrics on this address (e.g. :9808); empty: off")
+	f.Int64Var(&maxVolumes, CSIFlagMaxVolumes, 0, "volumes this node may hold, reported to the scheduler; 0: no limit")
+	f.StringVar(&logLevel, CSIFlagLogLevel, "info", "log level: debug, info, warn, error")
+	return cmd
+}
+
+// buildVersion is the module version the binary was built from.
+func buildVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "devel"
+}
