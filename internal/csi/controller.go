@@ -1,0 +1,520 @@
+package csi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/sparsevol/sparsevol/internal/volume"
+)
+
+// StorageClass parameters understood by CreateVolume.
+const (
+	ParamProvisioning = "provisioning" // thin (default) | thick
+	ParamMkfsOptions  = "mkfsOptions"  // extra mkfs arguments, space separated
+	ParamDirectIO     = "directIO"     // true | false (default: the store's)
+	ParamFSType       = "fsType"       // ext4 (default) | xfs
+	// Keys under this prefix are set by the external provisioner and ignored.
+	provisionerPrefix = "csi.storage.k8s.io/"
+)
+
+// DefaultVolumeSize is what CreateVolume makes when the request names no
+// size at all.
+const DefaultVolumeSize = 1 << 30
+
+// spec is a validated CreateVolume request.
+type spec struct {
+	mode        volume.Mode
+	fsType      string
+	preallocate bool
+	mkfsOptions []string
+	directIO    *bool
+	size        int64 // rounded, within the range
+	required    int64
+	limit       int64
+}
+
+func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
+	var caps []*csi.ControllerServiceCapability
+	for _, t := range []csi.ControllerServiceCapability_RPC_Type{
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
+		csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
+		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
+		csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
+		csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+	} {
+		caps = append(caps, &csi.ControllerServiceCapability{
+			Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}},
+		})
+	}
+	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+// parseRequest validates capabilities, parameters and capacity of a
+// CreateVolume request.
+func parseRequest(caps []*csi.VolumeCapability, params map[string]string, cr *csi.CapacityRange) (*spec, error) {
+	if len(caps) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "volume_capabilities are required")
+	}
+	s := &spec{}
+	capFS := ""
+	for i, c := range caps {
+		if err := checkAccessMode(c); err != nil {
+			return nil, err
+		}
+		var mode volume.Mode
+		switch {
+		case c.GetBlock() != nil:
+			mode = volume.ModeBlock
+		case c.GetMount() != nil:
+			mode = volume.ModeFilesystem
+			if fs := c.GetMount().GetFsType(); fs != "" {
+				if capFS != "" && capFS != fs {
+					return nil, status.Errorf(codes.InvalidArgument, "volume capabilities ask for both %s and %s", capFS, fs)
+				}
+				capFS = fs
+			}
+		default:
+			return nil, status.Errorf(codes.InvalidArgument, "volume capability %d has neither mount nor block access type", i)
+		}
+		if i > 0 && mode != s.mode {
+			return nil, status.Error(codes.InvalidArgument, "volume capabilities mix block and mount access types")
+		}
+		s.mode = mode
+	}
+	for k, v := range params {
+		switch k {
+		case ParamProvisioning:
+			switch v {
+			case "", "thin":
+			case "thick":
+				s.preallocate = true
+			default:
+				return nil, status.Errorf(codes.InvalidArgument, "parameter %s=%q: want thin or thick", k, v)
+			}
+		case ParamMkfsOptions:
+			s.mkfsOptions = strings.Fields(v)
+		case ParamDirectIO:
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return nil, status.Errorf(codes.InvalidArgument, "parameter %s=%q: want true or false", k, v)
+			}
+			s.directIO = &b
+		case ParamFSType:
+			s.fsType = v
+		default:
+			if !strings.HasPrefix(k, provisionerPrefix) {
+				return nil, status.Errorf(codes.InvalidArgument, "unknown parameter %q (known: %s, %s, %s, %s)",
+					k, ParamProvisioning, ParamMkfsOptions, ParamDirectIO, ParamFSType)
+			}
+		}
+	}
+	if capFS != "" {
+		if s.fsType != "" && s.fsType != capFS {
+			return nil, status.Errorf(codes.InvalidArgument, "parameter %s=%s contradicts the capability's fs_type %s", ParamFSType, s.fsType, capFS)
+		}
+		s.fsType = capFS
+	}
+	if s.mode == volume.ModeBlock {
+		if s.fsType != "" {
+			return nil, status.Errorf(codes.InvalidArgument, "a filesystem (%s) cannot be given for a block volume", s.fsType)
+		}
+		if len(s.mkfsOptions) > 0 {
+			return nil, status.Error(codes.InvalidArgument, "mkfsOptions cannot be given for a block volume")
+		}
+	} else {
+		if s.fsType == "" {
+			s.fsType = "ext4"
+		}
+		if s.fsType != "ext4" && s.fsType != "xfs" {
+			return nil, status.Errorf(codes.InvalidArgument, "filesystem %q is not supported (ext4, xfs)", s.fsType)
+		}
+	}
+	size, err := sizeFor(cr, s.fsType)
+	if err != nil {
+		return nil, err
+	}
+	s.size, s.required, s.limit = size, cr.GetRequiredBytes(), cr.GetLimitBytes()
+	return s, nil
+}
+
+// sizeFor picks the volume size for a capacity range: the required bytes
+// (or a default), raised to the filesystem's minimum and rounded up to a
+// whole MiB, which must stay within the limit.
+func sizeFor(cr *csi.CapacityRange, fsType string) (int64, error) {
+	req, lim := cr.GetRequiredBytes(), cr.GetLimitBytes()
+	if req < 0 || lim < 0 {
+		return 0, status.Errorf(codes.InvalidArgument, "capacity range %d..%d is negative", req, lim)
+	}
+	if lim > 0 && req > lim {
+		return 0, status.Errorf(codes.InvalidArgument, "required bytes %d exceed limit bytes %d", req, lim)
+	}
+	size := req
+	if size == 0 {
+		size = DefaultVolumeSize
+		if lim > 0 && lim < size {
+			size = lim
+		}
+	}
+	size = volume.RoundUpMiB(max(size, volume.MinSize(fsType)))
+	if lim > 0 && size > lim {
+		what := "block volumes"
+		if fsType != "" {
+			what = fsType
+		}
+		return 0, status.Errorf(codes.OutOfRange,
+			"no size fits %d..%d bytes: sizes are whole MiB and at least %s for %s", req, lim, volume.FormatSize(volume.MinSize(fsType)), what)
+	}
+	return size, nil
+}
+
+// checkAccessMode accepts the single-node access modes only: a sparse
+// file on one node's disk cannot be shared with other nodes.
+func checkAccessMode(c *csi.VolumeCapability) error {
+	if c == nil || c.GetAccessMode() == nil {
+		return status.Error(codes.InvalidArgument, "volume capability without access mode")
+	}
+	switch m := c.GetAccessMode().GetMode(); m {
+	case csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER,
+		csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY,
+		csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER,
+		csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER:
+		return nil
+	default:
+		return status.Errorf(codes.InvalidArgument, "access mode %s is not supported: volumes live on one node", m)
+	}
+}
+
+// checkCapability reports whether capability c can be served by volume v.
+func checkCapability(v *volume.Volume, c *csi.VolumeCapability) error {
+	if err := checkAccessMode(c); err != nil {
+		return err
+	}
+	switch {
+	case c.GetBlock() != nil:
+		if v.Mode != volume.ModeBlock {
+			return status.Errorf(codes.InvalidArgument, "volume %s has a %s filesystem and cannot be used as a block device", v.UUID, v.FSType)
+		}
+	case c.GetMount() != nil:
+		if v.Mode != volume.ModeFilesystem {
+			return status.Errorf(codes.InvalidArgument, "volume %s is a block volume and cannot be mounted", v.UUID)
+		}
+		if fs := c.GetMount().GetFsType(); fs != "" && fs != v.FSType {
+			return status.Errorf(codes.InvalidArgument, "volume %s has a %s filesystem, not %s", v.UUID, v.FSType, fs)
+		}
+	default:
+		return status.Error(codes.InvalidArgument, "volume capability has neither mount nor block access type")
+	}
+	return nil
+}
+
+// compatible reports why an existing volume does not satisfy s ("" if it does).
+func (s *spec) incompatibility(v *volume.Volume) string {
+	switch {
+	case v.Mode != s.mode:
+		return fmt.Sprintf("it is a %s volume", v.Mode)
+	case v.FSType != s.fsType:
+		return fmt.Sprintf("it has filesystem %s", v.FSType)
+	case v.SizeBytes < s.required || (s.limit > 0 && v.SizeBytes > s.limit):
+		return fmt.Sprintf("its size %d is outside %d..%d", v.SizeBytes, s.required, s.limit)
+	case v.Preallocate != s.preallocate:
+		return fmt.Sprintf("its provisioning is %s", v.Labels[LabelProvisioning])
+	case !slices.Equal(v.MkfsOptions, s.mkfsOptions):
+		return fmt.Sprintf("its mkfs options are %q", v.MkfsOptions)
+	case s.directIO != nil && v.DirectIO != *s.directIO:
+		return fmt.Sprintf("its directIO is %t", v.DirectIO)
+	}
+	return ""
+}
+
+func provisioning(preallocate bool) string {
+	if preallocate {
+		return "thick"
+	}
+	return "thin"
+}
+
+func (d *Driver) csiVolume(v *volume.Volume) *csi.Volume {
+	return &csi.Volume{
+		VolumeId:           v.UUID,
+		CapacityBytes:      v.SizeBytes,
+		AccessibleTopology: []*csi.Topology{d.topology()},
+	}
+}
+
+// onThisNode reports whether a topology requirement can be met here.
+func (d *Driver) onThisNode(req *csi.TopologyRequirement) bool {
+	if len(req.GetRequisite()) == 0 {
+		return true
+	}
+	for _, t := range req.GetRequisite() {
+		if node, ok := t.GetSegments()[TopologyKey]; ok && node == d.nodeID && len(t.GetSegments()) == 1 {
+			return true
+		}
+	}
+	return false
+}
+
+// CreateVolume makes a sparse volume, idempotent by name.
+func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	name := req.GetName()
+	if name == "" {
+		return nil, status.Error(codes.InvalidArgument, "name is required")
+	}
+	if err := volume.ValidateName(name); err != nil {
+		return nil, toStatus(err)
+	}
+	s, err := parseRequest(req.GetVolumeCapabilities(), req.GetParameters(), req.GetCapacityRange())
+	if err != nil {
+		return nil, err
+	}
+	if req.GetVolumeContentSource() != nil {
+		return nil, status.Error(codes.InvalidArgument, "volume content sources (snapshots, clones) are not supported")
+	}
+	if len(req.GetMutableParameters()) > 0 {
+		return nil, status.Error(codes.InvalidArgument, "mutable parameters are not supported")
+	}
+	if !d.onThisNode(req.GetAccessibilityRequirements()) {
+		return nil, status.Errorf(codes.ResourceExhausted, "volumes of node %s can only be accessible from %s=%s", d.nodeID, TopologyKey, d.nodeID)
+	}
+	release, err := d.busy.acquire("name " + name)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+
+	vols, err := d.store.List()
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	for _, v := range vols {
+		if v.Name != name {
+			continue
+		}
+		if !managed(v) {
+			return nil, status.Errorf(codes.AlreadyExists, "name %q is taken by volume %s, which the CSI driver does not manage", name, v.UUID)
+		}
+		if why := s.incompatibility(v); why != "" {
+			return nil, status.Errorf(codes.AlreadyExists, "volume %q (%s) exists and is incompatible with the request: %s", name, v.UUID, why)
+		}
+		switch v.State {
+		case volume.StateReady:
+			return &csi.CreateVolumeResponse{Volume: d.csiVolume(v)}, nil
+		case volume.StateDeleting:
+			return nil, status.Errorf(codes.Aborted, "volume %q (%s) is being deleted; retry later", name, v.UUID)
+		}
+		// State creating: a crashed create; store.Create below finishes it
+		// with the same (recorded) size.
+		s.size = v.SizeBytes
+	}
+	labels := map[string]string{
+		LabelCSIName:      name,
+		LabelManagedBy:    ManagedByCSI,
+		LabelProvisioning: provisioning(s.preallocate),
+	}
+	v, err := d.store.Create(ctx, volume.CreateRequest{
+		Name:        name,
+		SizeBytes:   s.size,
+		Mode:        s.mode,
+		FSType:      s.fsType,
+		NoPartition: s.mode == volume.ModeBlock,
+		MkfsOptions: s.mkfsOptions,
+		Preallocate: s.preallocate,
+		DirectIO:    s.directIO,
+		Labels:      labels,
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &csi.CreateVolumeResponse{Volume: d.csiVolume(v)}, nil
+}
+
+// DeleteVolume removes a volume; an unknown id is success. A volume that is
+// still attached (staged) or in use is refused.
+func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+	}
+	release, err := d.busy.acquire(id)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	v, err := d.lookup(id)
+	if errors.Is(err, volume.ErrNotFound) {
+		return &csi.DeleteVolumeResponse{}, nil
+	}
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if !managed(v) {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s (%s) was not created by the CSI driver; delete it with `sparsevol delete`", id, v.Name)
+	}
+	st, err := d.store.Status(id)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if st.Attached {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is still staged (attached to %s, mounted at %v); unstage it first",
+			id, st.Device, st.MountPoints)
+	}
+	if err := d.store.Delete(ctx, id); err != nil && !errors.Is(err, volume.ErrNotFound) {
+		return nil, toStatus(err)
+	}
+	return &csi.DeleteVolumeResponse{}, nil
+}
+
+// ValidateVolumeCapabilities confirms capabilities a volume can serve.
+func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+	}
+	if len(req.GetVolumeCapabilities()) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "volume_capabilities are required")
+	}
+	v, err := d.lookup(id)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	for _, c := range req.GetVolumeCapabilities() {
+		if err := checkCapability(v, c); err != nil {
+			return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
+		}
+	}
+	if len(req.GetParameters()) > 0 {
+		s, err := parseRequest(req.GetVolumeCapabilities(), req.GetParameters(), &csi.CapacityRange{RequiredBytes: v.SizeBytes})
+		if err != nil {
+			return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
+		}
+		if why := s.incompatibility(v); why != "" {
+			return &csi.ValidateVolumeCapabilitiesResponse{Message: "parameters do not match volume " + id + ": " + why}, nil
+		}
+	}
+	return &csi.ValidateVolumeCapabilitiesResponse{Confirmed: &csi.ValidateVolumeCapabilitiesResponse_Confirmed{
+		VolumeContext:      req.GetVolumeContext(),
+		VolumeCapabilities: req.GetVolumeCapabilities(),
+		Parameters:         req.GetParameters(),
+	}}, nil
+}
+
+// ListVolumes pages through the CSI volumes in UUID order. The token is
+// the last UUID of the previous page, so deleting or adding volumes
+// between pages neither repeats nor skips the others.
+func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
+	if req.GetMaxEntries() < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "max_entries %d is negative", req.GetMaxEntries())
+	}
+	token := req.GetStartingToken()
+	if token != "" && !volume.ValidUUID(token) {
+		return nil, status.Errorf(codes.Aborted, "starting_token %q was not issued by this driver", token)
+	}
+	vols, err := d.store.List()
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	var ours []*volume.Volume
+	for _, v := range vols {
+		if managed(v) && v.State == volume.StateReady && v.UUID > token {
+			ours = append(ours, v)
+		}
+	}
+	sort.Slice(ours, func(i, j int) bool { return ours[i].UUID < ours[j].UUID })
+	resp := &csi.ListVolumesResponse{}
+	if n := int(req.GetMaxEntries()); n > 0 && len(ours) > n {
+		ours = ours[:n]
+		resp.NextToken = ours[n-1].UUID
+	}
+	for _, v := range ours {
+		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{Volume: d.csiVolume(v)})
+	}
+	return resp, nil
+}
+
+// GetCapacity reports what the store can still promise under its
+// overcommit policy; the same number CreateVolume checks against.
+func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
+	if t := req.GetAccessibleTopology(); t != nil && !d.onThisNode(&csi.TopologyRequirement{Requisite: []*csi.Topology{t}}) {
+		return &csi.GetCapacityResponse{}, nil
+	}
+	caps := req.GetVolumeCapabilities()
+	if len(caps) == 0 {
+		caps = []*csi.VolumeCapability{{
+			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+		}}
+	}
+	s, err := parseRequest(caps, req.GetParameters(), nil)
+	if err != nil {
+		// Nothing of that kind can be made here.
+		return &csi.GetCapacityResponse{}, nil
+	}
+	sp, err := d.store.Space()
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	capacity := sp.CapacityBytes / volume.MiB * volume.MiB
+	resp := &csi.GetCapacityResponse{
+		AvailableCapacity: capacity,
+		MaximumVolumeSize: wrapperspb.Int64(capacity),
+		MinimumVolumeSize: wrapperspb.Int64(volume.MinSize(s.fsType)),
+	}
+	return resp, nil
+}
+
+// ControllerExpandVolume grows the backing file (and an attached loop
+// device); the node grows the filesystem.
+func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+	}
+	cr := req.GetCapacityRange()
+	if cr == nil || (cr.GetRequiredBytes() == 0 && cr.GetLimitBytes() == 0) {
+		return nil, status.Error(codes.InvalidArgument, "capacity_range is required")
+	}
+	release, err := d.busy.acquire(id)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	v, err := d.lookup(id)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if req.GetVolumeCapability() != nil {
+		if err := checkCapability(v, req.GetVolumeCapability()); err != nil {
+			return nil, err
+		}
+	}
+	nodeExpansion := v.Mode == volume.ModeFilesystem
+	want := cr.GetRequiredBytes()
+	if want == 0 {
+		want = cr.GetLimitBytes()
+	}
+	if v.SizeBytes >= want && v.ExpandingTo == 0 {
+		if lim := cr.GetLimitBytes(); lim > 0 && v.SizeBytes > lim {
+			return nil, status.Errorf(codes.OutOfRange, "volume %s is %d bytes, beyond the limit of %d; volumes do not shrink", id, v.SizeBytes, lim)
+		}
+		return &csi.ControllerExpandVolumeResponse{CapacityBytes: v.SizeBytes, NodeExpansionRequired: nodeExpansion}, nil
+	}
+	size := volume.RoundUpMiB(want)
+	if lim := cr.GetLimitBytes(); lim > 0 && size > lim {
+		return nil, status.Errorf(codes.OutOfRange, "no whole-MiB size fits %d..%d bytes", cr.GetRequiredBytes(), lim)
+	}
+	nv, err := d.store.Expand(ctx, id, size, volume.ExpandOptions{FileOnly: true})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &csi.ControllerExpandVolumeResponse{CapacityBytes: nv.SizeBytes, NodeExpansionRequired: nodeExpansion}, nil
+}

@@ -1,0 +1,197 @@
+// Package csi serves the Container Storage Interface (Identity, Controller
+// and Node) over the volume store of one node. Every request is mapped onto
+// internal/volume; this package holds no loop-device, mkfs or locking logic
+// of its own. Store errors become gRPC status codes here and only here.
+package csi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	mount "k8s.io/mount-utils"
+	utilexec "k8s.io/utils/exec"
+
+	"github.com/sparsevol/sparsevol/internal/loop"
+	"github.com/sparsevol/sparsevol/internal/volume"
+)
+
+// DefaultDriverName is the CSI driver name when none is configured.
+const DefaultDriverName = "sparsevol.csi.io"
+
+// Labels the driver keeps on the volumes it creates.
+const (
+	// LabelCSIName records the CreateVolume name, which makes CreateVolume
+	// idempotent across restarts of the plugin.
+	LabelCSIName = "sparsevol.io/csi-name"
+	// LabelManagedBy marks volumes the CSI driver owns. `sparsevol doctor`
+	// does not expect a systemd unit for them: the kubelet brings them up.
+	LabelManagedBy = "sparsevol.io/managed-by"
+	// ManagedByCSI is the value of LabelManagedBy for CSI volumes.
+	ManagedByCSI = "csi"
+	// LabelProvisioning records thin or thick provisioning.
+	LabelProvisioning = "sparsevol.io/provisioning"
+)
+
+// TopologyKey is the topology segment that pins a volume to its node.
+const TopologyKey = "topology.sparsevol.io/node"
+
+// Config configures a Driver.
+type Config struct {
+	// DriverName is the CSI driver name (GetPluginInfo).
+	DriverName string
+	// Version is reported by GetPluginInfo.
+	Version string
+	// NodeID names this node (NodeGetInfo and the topology segment).
+	NodeID string
+	// MaxVolumes is reported as max_volumes_per_node; 0 means no limit.
+	MaxVolumes int64
+	// Store is the node's volume store.
+	Store *volume.Store
+	// Logger receives one structured record per call; nil discards.
+	Logger *slog.Logger
+	// Metrics, if not nil, records calls and exposes volume gauges.
+	Metrics *Metrics
+	// Mounter formats and mounts; nil uses the host's mount(8) without
+	// systemd scopes.
+	Mounter *mount.SafeFormatAndMount
+}
+
+// Driver implements the CSI Identity, Controller and Node services.
+type Driver struct {
+	csi.UnimplementedIdentityServer
+	csi.UnimplementedControllerServer
+	csi.UnimplementedNodeServer
+
+	name       string
+	version    string
+	nodeID     string
+	maxVolumes int64
+	store      *volume.Store
+	log        *slog.Logger
+	metrics    *Metrics
+	mounter    *mount.SafeFormatAndMount
+	resizer    *mount.ResizeFs
+
+	busy inflight
+}
+
+// New validates cfg and returns a Driver.
+func New(cfg Config) (*Driver, error) {
+	if cfg.NodeID == "" {
+		return nil, fmt.Errorf("csi driver: node id is empty: %w", volume.ErrInvalid)
+	}
+	if cfg.Store == nil {
+		return nil, fmt.Errorf("csi driver: no volume store: %w", volume.ErrInvalid)
+	}
+	if cfg.MaxVolumes < 0 {
+		return nil, fmt.Errorf("csi driver: max volumes %d is negative: %w", cfg.MaxVolumes, volume.ErrInvalid)
+	}
+	if cfg.DriverName == "" {
+		cfg.DriverName = DefaultDriverName
+	}
+	if cfg.Version == "" {
+		cfg.Version = "devel"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Mounter == nil {
+		cfg.Mounter = mount.NewSafeFormatAndMount(mount.NewWithoutSystemd(""), utilexec.New())
+	}
+	return &Driver{
+		name:       cfg.DriverName,
+		version:    cfg.Version,
+		nodeID:     cfg.NodeID,
+		maxVolumes: cfg.MaxVolumes,
+		store:      cfg.Store,
+		log:        cfg.Logger,
+		metrics:    cfg.Metrics,
+		mounter:    cfg.Mounter,
+		resizer:    mount.NewResizeFs(cfg.Mounter.Exec),
+		busy:       inflight{keys: map[string]struct{}{}},
+	}, nil
+}
+
+// topology is the accessible topology of every volume of this node.
+func (d *Driver) topology() *csi.Topology {
+	return &csi.Topology{Segments: map[string]string{TopologyKey: d.nodeID}}
+}
+
+// inflight is the set of volume ids and names with an operation running.
+// A second operation on the same key is refused with Aborted rather than
+// queued: the CO retries, and a stuck mkfs cannot pile up goroutines.
+type inflight struct {
+	mu   sync.Mutex
+	keys map[string]struct{}
+}
+
+// acquire claims key or returns an Aborted status error.
+func (f *inflight) acquire(key string) (func(), error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.keys[key]; ok {
+		return nil, status.Errorf(codes.Aborted, "an operation on %s is already in progress", key)
+	}
+	f.keys[key] = struct{}{}
+	return func() {
+		f.mu.Lock()
+		delete(f.keys, key)
+		f.mu.Unlock()
+	}, nil
+}
+
+// lookup finds a volume by its CSI volume id, which is the volume UUID and
+// never a name (a name that happens to look like an id must not match).
+func (d *Driver) lookup(id string) (*volume.Volume, error) {
+	if !volume.ValidUUID(id) {
+		return nil, fmt.Errorf("volume id %q is not a volume UUID: %w", id, volume.ErrNotFound)
+	}
+	v, err := d.store.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	if v.UUID != id {
+		return nil, fmt.Errorf("volume %s: %w", id, volume.ErrNotFound)
+	}
+	return v, nil
+}
+
+// managed reports whether the CSI driver created v.
+func managed(v *volume.Volume) bool { return v.Labels[LabelManagedBy] == ManagedByCSI }
+
+// toStatus converts a store error into a gRPC status, classifying with
+// errors.Is. It is the only place where store errors become codes.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	code := codes.Internal
+	switch {
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	case errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, volume.ErrInvalid):
+		code = codes.InvalidArgument
+	case errors.Is(err, volume.ErrNotFound):
+		code = codes.NotFound
+	case errors.Is(err, volume.ErrExists):
+		code = codes.AlreadyExists
+	case errors.Is(err, volume.ErrNoSpace):
+		code = codes.ResourceExhausted
+	case errors.Is(err, volume.ErrBusy), errors.Is(err, loop.ErrBusy):
+		code = codes.FailedPrecondition
+	case errors.Is(err, volume.ErrNotReady):
+		code = codes.Unavailable
+	}
+	return status.Error(code, err.Error())
+}

@@ -1,0 +1,183 @@
+package csi
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sparsevol/sparsevol/internal/loop"
+	"github.com/sparsevol/sparsevol/internal/testutil"
+	"github.com/sparsevol/sparsevol/internal/volume"
+)
+
+// testEnv is one plugin serving a store of its own on a real unix socket.
+type testEnv struct {
+	dir     string // everything of this env lives below
+	store   *volume.Store
+	drv     *Driver
+	socket  string
+	conn    *grpc.ClientConn
+	ctrl    csi.ControllerClient
+	node    csi.NodeClient
+	ident   csi.IdentityClient
+	metrics *Metrics
+
+	mu      sync.Mutex
+	created map[string]bool // volume ids this env's plugin handed out
+}
+
+const testNodeID = "node-under-test"
+
+// newTestEnv starts a plugin for t. At cleanup it checks that no loop
+// device of the env's volumes is left, then removes whatever is.
+func newTestEnv(t testing.TB) *testEnv {
+	t.Helper()
+	testutil.RequireRoot(t)
+	dir := t.TempDir()
+	e := &testEnv{dir: dir, created: map[string]bool{}}
+	root := filepath.Join(dir, "store")
+	if err := os.Mkdir(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	level := slog.LevelWarn
+	if testing.Verbose() {
+		level = slog.LevelInfo
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	off := false
+	store, err := volume.Open(root, volume.Options{Logger: log, DirectIO: &off})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.store = store
+	e.metrics = NewMetrics(store)
+	drv, err := New(Config{NodeID: testNodeID, Store: store, Logger: log, Metrics: e.metrics, MaxVolumes: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.drv = drv
+	// Socket paths are limited to 108 bytes; keep this one short.
+	sockDir, err := os.MkdirTemp("", "svcsi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	e.socket = filepath.Join(sockDir, "csi.sock")
+	l, err := Listen(e.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(e.record, drv.intercept))
+	csi.RegisterIdentityServer(srv, drv)
+	csi.RegisterControllerServer(srv, drv)
+	csi.RegisterNodeServer(srv, drv)
+	go srv.Serve(l)
+	conn, err := grpc.NewClient("unix://"+e.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.conn = conn
+	e.ctrl, e.node, e.ident = csi.NewControllerClient(conn), csi.NewNodeClient(conn), csi.NewIdentityClient(conn)
+	t.Cleanup(func() {
+		conn.Close()
+		srv.Stop()
+		e.cleanup(t)
+	})
+	return e
+}
+
+// record notes every volume id CreateVolume returns, for the leak check.
+func (e *testEnv) record(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	resp, err := h(ctx, req)
+	if r, ok := resp.(*csi.CreateVolumeResponse); ok && err == nil {
+		e.mu.Lock()
+		e.created[r.GetVolume().GetVolumeId()] = true
+		e.mu.Unlock()
+	}
+	return resp, err
+}
+
+// leakedDevices lists loop devices still bound to volumes of this env.
+func (e *testEnv) leakedDevices() ([]string, error) {
+	devs, err := loop.List()
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []string
+	for _, d := range devs {
+		if id, ok := strings.CutPrefix(d.Tag, "sparsevol:"); ok && e.created[id] {
+			out = append(out, d.Path+" ("+id+")")
+		}
+	}
+	return out, nil
+}
+
+// cleanup reports leaked loop devices as a test error, then unmounts
+// everything below the env's directory and deletes every volume, so a
+// failed test does not leave kernel state behind for the next.
+func (e *testEnv) cleanup(t testing.TB) {
+	t.Helper()
+	vols, _ := e.store.List()
+	leaked, err := e.leakedDevices()
+	if err != nil {
+		t.Errorf("list loop devices: %v", err)
+	}
+	if len(leaked) > 0 && !t.Failed() {
+		t.Errorf("loop devices left attached after the test: %v", leaked)
+	}
+	unmountBelow(t, e.dir)
+	for _, v := range vols {
+		if err := e.store.Delete(context.Background(), v.UUID); err != nil && !errors.Is(err, volume.ErrNotFound) {
+			t.Errorf("cleanup: delete %s: %v", v.Name, err)
+		}
+	}
+}
+
+// unmountBelow unmounts every mount point under dir, deepest first.
+func unmountBelow(t testing.TB, dir string) {
+	t.Helper()
+	for range 10 {
+		data, err := os.ReadFile("/proc/self/mountinfo")
+		if err != nil {
+			t.Errorf("read mountinfo: %v", err)
+			return
+		}
+		var points []string
+		for _, line := range strings.Split(string(data), "\n") {
+			f := strings.Fields(line)
+			if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+				points = append(points, f[4])
+			}
+		}
+		if len(points) == 0 {
+			return
+		}
+		for i := len(points) - 1; i >= 0; i-- {
+			if err := unix.Unmount(points[i], 0); err != nil && !errors.Is(err, unix.EINVAL) {
+				t.Logf("cleanup: unmount %s: %v", points[i], err)
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// mustExist fails unless path exists.
+func mustExist(t testing.TB, path string) {
+	t.Helper()
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+}

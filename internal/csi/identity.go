@@ -1,0 +1,57 @@
+package csi
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// loopControl is where the kernel offers loop devices; Probe checks it.
+var loopControl = "/dev/loop-control"
+
+// GetPluginInfo returns the driver name and version.
+func (d *Driver) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
+	return &csi.GetPluginInfoResponse{Name: d.name, VendorVersion: d.version}, nil
+}
+
+// GetPluginCapabilities advertises the controller service, topology and
+// online expansion.
+func (d *Driver) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
+	service := func(t csi.PluginCapability_Service_Type) *csi.PluginCapability {
+		return &csi.PluginCapability{Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: t}}}
+	}
+	return &csi.GetPluginCapabilitiesResponse{Capabilities: []*csi.PluginCapability{
+		service(csi.PluginCapability_Service_CONTROLLER_SERVICE),
+		service(csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS),
+		{Type: &csi.PluginCapability_VolumeExpansion_{VolumeExpansion: &csi.PluginCapability_VolumeExpansion{
+			Type: csi.PluginCapability_VolumeExpansion_ONLINE,
+		}}},
+	}}, nil
+}
+
+// Probe checks what every operation needs: a readable, writable store
+// and the loop control device. A failure is an error (the livenessprobe
+// restarts the plugin), not a "not ready" answer.
+func (d *Driver) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeResponse, error) {
+	if err := d.healthy(); err != nil {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+	return &csi.ProbeResponse{Ready: wrapperspb.Bool(true)}, nil
+}
+
+func (d *Driver) healthy() error {
+	if _, err := d.store.Space(); err != nil {
+		return fmt.Errorf("store %s: %w", d.store.Root(), err)
+	}
+	f, err := os.OpenFile(loopControl, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("loop support: %w", err)
+	}
+	f.Close()
+	return nil
+}

@@ -1,0 +1,180 @@
+package csi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+)
+
+// ParseEndpoint turns unix:///path, unix:/path or a bare absolute path
+// into a socket path. Only unix sockets are served: the CSI socket is a
+// node-local API and must not be reachable over the network.
+func ParseEndpoint(endpoint string) (string, error) {
+	if strings.HasPrefix(endpoint, "/") {
+		return filepath.Clean(endpoint), nil
+	}
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		return "", fmt.Errorf("endpoint %q: %w", endpoint, err)
+	}
+	if u.Scheme != "unix" {
+		return "", fmt.Errorf("endpoint %q: only unix sockets are supported (unix:///path/csi.sock)", endpoint)
+	}
+	path := u.Path
+	if path == "" {
+		path = u.Opaque
+	}
+	if !strings.HasPrefix(path, "/") {
+		return "", fmt.Errorf("endpoint %q: the socket path must be absolute", endpoint)
+	}
+	return filepath.Clean(path), nil
+}
+
+// Listen removes a stale socket left by a previous run (only a socket,
+// never another kind of file) and listens on path.
+func Listen(path string) (net.Listener, error) {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&fs.ModeSocket == 0 {
+			return nil, fmt.Errorf("listen %s: exists and is not a socket", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("listen %s: remove stale socket: %w", path, err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	return l, nil
+}
+
+// NewGRPCServer returns a gRPC server with the driver's three services
+// and the logging and metrics interceptor.
+func (d *Driver) NewGRPCServer() *grpc.Server {
+	srv := grpc.NewServer(grpc.UnaryInterceptor(d.intercept))
+	csi.RegisterIdentityServer(srv, d)
+	csi.RegisterControllerServer(srv, d)
+	csi.RegisterNodeServer(srv, d)
+	return srv
+}
+
+// Serve serves CSI on l until ctx ends, then stops gracefully (bounded)
+// and removes the socket.
+func (d *Driver) Serve(ctx context.Context, l net.Listener) error {
+	srv := d.NewGRPCServer()
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(l) }()
+	d.log.Info("serving CSI", "driver", d.name, "version", d.version, "node_id", d.nodeID, "endpoint", l.Addr().String())
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve CSI: %w", err)
+	case <-ctx.Done():
+	}
+	stopped := make(chan struct{})
+	go func() { srv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(30 * time.Second):
+		srv.Stop()
+	}
+	if addr, ok := l.Addr().(*net.UnixAddr); ok {
+		os.Remove(addr.Name)
+	}
+	return nil
+}
+
+// ServeMetrics serves /metrics on addr until ctx ends.
+func ServeMetrics(ctx context.Context, addr string, m *Metrics, log *slog.Logger) error {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics: listen %s: %w", addr, err)
+	}
+	go func() {
+		<-ctx.Done()
+		shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(shut)
+	}()
+	log.Info("serving metrics", "address", l.Addr().String())
+	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	return nil
+}
+
+// Request fields worth logging. Secrets, parameters, contexts and mount
+// flags are deliberately absent: only these getters are ever called.
+type (
+	withVolumeID interface{ GetVolumeId() string }
+	withName     interface{ GetName() string }
+	withTarget   interface{ GetTargetPath() string }
+	withStaging  interface{ GetStagingTargetPath() string }
+	withPath     interface{ GetVolumePath() string }
+)
+
+// logAttrs picks the identifying fields of a request.
+func logAttrs(req any) []any {
+	var attrs []any
+	if r, ok := req.(withVolumeID); ok && r.GetVolumeId() != "" {
+		attrs = append(attrs, "volume_id", r.GetVolumeId())
+	}
+	if r, ok := req.(withName); ok && r.GetName() != "" {
+		attrs = append(attrs, "name", r.GetName())
+	}
+	if r, ok := req.(withStaging); ok && r.GetStagingTargetPath() != "" {
+		attrs = append(attrs, "staging_target_path", r.GetStagingTargetPath())
+	}
+	if r, ok := req.(withTarget); ok && r.GetTargetPath() != "" {
+		attrs = append(attrs, "target_path", r.GetTargetPath())
+	}
+	if r, ok := req.(withPath); ok && r.GetVolumePath() != "" {
+		attrs = append(attrs, "volume_path", r.GetVolumePath())
+	}
+	return attrs
+}
+
+// quietMethods are polled constantly by sidecars; they log at debug level.
+var quietMethods = map[string]bool{
+	"Probe": true, "GetCapacity": true, "NodeGetVolumeStats": true, "NodeGetCapabilities": true,
+	"ControllerGetCapabilities": true, "GetPluginInfo": true, "GetPluginCapabilities": true,
+}
+
+// intercept logs every call (without secrets) and records its metrics.
+func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	method := info.FullMethod[strings.LastIndex(info.FullMethod, "/")+1:]
+	start := time.Now()
+	resp, err := handler(ctx, req)
+	elapsed := time.Since(start)
+	st := status.Convert(err)
+	d.metrics.observe(method, st.Code().String(), elapsed)
+	attrs := append([]any{"method", method, "code", st.Code().String(), "duration", elapsed.Round(time.Microsecond)}, logAttrs(req)...)
+	switch {
+	case err != nil:
+		d.log.Warn("CSI call failed", append(attrs, "error", st.Message())...)
+	case quietMethods[method]:
+		d.log.Debug("CSI call", attrs...)
+	default:
+		d.log.Info("CSI call", attrs...)
+	}
+	return resp, err
+}
