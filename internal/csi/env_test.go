@@ -3,6 +3,7 @@ package csi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -33,26 +34,50 @@ type testEnv struct {
 	ident   csi.IdentityClient
 	metrics *Metrics
 
+	tmpfs   string // store mount point, if on its own tmpfs
+
 	mu      sync.Mutex
 	created map[string]bool // volume ids this env's plugin handed out
 }
 
 const testNodeID = "node-under-test"
 
+// envOptions tune newTestEnv.
+type envOptions struct {
+	// tmpfsBytes, if set, puts the store on a tmpfs of that size, so that
+	// capacity tests see a filesystem nothing else writes to.
+	tmpfsBytes int64
+}
+
 // newTestEnv starts a plugin for t. At cleanup it checks that no loop
 // device of the env's volumes is left, then removes whatever is.
-func newTestEnv(t testing.TB) *testEnv {
+func newTestEnv(t testing.TB, opts ...envOptions) *testEnv {
 	t.Helper()
 	testutil.RequireRoot(t)
+	var o envOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
 	dir := t.TempDir()
 	e := &testEnv{dir: dir, created: map[string]bool{}}
 	root := filepath.Join(dir, "store")
 	if err := os.Mkdir(root, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	level := slog.LevelWarn
+	if o.tmpfsBytes > 0 {
+		if err := unix.Mount("tmpfs", root, "tmpfs", 0, fmt.Sprintf("size=%d,mode=0700", o.tmpfsBytes)); err != nil {
+			t.Fatalf("mount tmpfs store: %v", err)
+		}
+		e.tmpfs = root
+	}
+	// The plugin's log goes to stderr with -v (SPARSEVOL_TEST_LOG=debug
+	// for everything); otherwise only errors.
+	level := slog.LevelError
 	if testing.Verbose() {
-		level = slog.LevelInfo
+		level = slog.LevelWarn
+	}
+	if os.Getenv("SPARSEVOL_TEST_LOG") == "debug" {
+		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	off := false
@@ -138,16 +163,21 @@ func (e *testEnv) cleanup(t testing.TB) {
 	if len(leaked) > 0 && !t.Failed() {
 		t.Errorf("loop devices left attached after the test: %v", leaked)
 	}
-	unmountBelow(t, e.dir)
+	unmountBelow(t, e.dir, e.tmpfs)
 	for _, v := range vols {
 		if err := e.store.Delete(context.Background(), v.UUID); err != nil && !errors.Is(err, volume.ErrNotFound) {
 			t.Errorf("cleanup: delete %s: %v", v.Name, err)
 		}
 	}
+	if e.tmpfs != "" {
+		if err := unix.Unmount(e.tmpfs, 0); err != nil {
+			t.Errorf("cleanup: unmount store tmpfs: %v", err)
+		}
+	}
 }
 
-// unmountBelow unmounts every mount point under dir, deepest first.
-func unmountBelow(t testing.TB, dir string) {
+// unmountBelow unmounts every mount point under dir but keep, deepest first.
+func unmountBelow(t testing.TB, dir, keep string) {
 	t.Helper()
 	for range 10 {
 		data, err := os.ReadFile("/proc/self/mountinfo")
@@ -158,7 +188,7 @@ func unmountBelow(t testing.TB, dir string) {
 		var points []string
 		for _, line := range strings.Split(string(data), "\n") {
 			f := strings.Fields(line)
-			if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") && f[4] != keep {
 				points = append(points, f[4])
 			}
 		}
