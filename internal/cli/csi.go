@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sparsevol/sparsevol/internal/csi"
+	"github.com/sparsevol/sparsevol/internal/kubelet"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
@@ -22,11 +23,16 @@ const (
 	CSIFlagMetrics    = "metrics-address"
 	CSIFlagMaxVolumes = "max-volumes"
 	CSIFlagLogLevel   = "log-level"
+	// Native kubelet registration (internal/kubelet), instead of the
+	// node-driver-registrar sidecar.
+	CSIFlagKubeletRegistration = "kubelet-registration-path"
+	CSIFlagKubeletEndpoint     = "kubelet-csi-endpoint"
 )
 
 func newCSICommand(g *globals) *cobra.Command {
 	var (
 		endpoint, nodeID, driverName, metricsAddr, logLevel string
+		registration, kubeletEndpoint                       string
 		maxVolumes                                          int64
 	)
 	cmd := &cobra.Command{
@@ -78,9 +84,24 @@ next to csi-provisioner --node-deployment (see deploy/kubernetes).`,
 			defer stop()
 			ctx, cancel := context.WithCancel(ctx)
 			defer cancel()
-			errc := make(chan error, 2)
+			errc := make(chan error, 3)
 			go func() { errc <- drv.Serve(ctx, l) }()
 			servers := 1
+			if registration != "" {
+				if kubeletEndpoint == "" {
+					kubeletEndpoint = socket
+				}
+				reg, err := kubelet.New(kubelet.Config{DriverName: driverName, Endpoint: kubeletEndpoint, Logger: log})
+				if err != nil {
+					return usageError{err}
+				}
+				rl, err := kubelet.Listen(kubelet.SocketPath(registration, driverName))
+				if err != nil {
+					return err
+				}
+				servers++
+				go func() { errc <- reg.Serve(ctx, rl) }()
+			}
 			if metricsAddr != "" {
 				servers++
 				go func() { errc <- csi.ServeMetrics(ctx, metricsAddr, metrics, log) }()
@@ -105,6 +126,11 @@ next to csi-provisioner --node-deployment (see deploy/kubernetes).`,
 	f.StringVar(&metricsAddr, CSIFlagMetrics, "", "serve Prometheus metrics on this address (e.g. :9808); empty: off")
 	f.Int64Var(&maxVolumes, CSIFlagMaxVolumes, 0, "volumes this node may hold, reported to the scheduler; 0: no limit")
 	f.StringVar(&logLevel, CSIFlagLogLevel, "info", "log level: debug, info, warn, error")
+	f.StringVar(&registration, CSIFlagKubeletRegistration, "",
+		"register with kubelet directly (no node-driver-registrar): serve kubelet's plugin-registration API on this socket,\n"+
+			"or on <driver-name>-reg.sock in this directory (kubelet's is "+kubelet.DefaultRegistrationDir+"/); empty: off")
+	f.StringVar(&kubeletEndpoint, CSIFlagKubeletEndpoint, "",
+		"the CSI socket path as kubelet sees it, announced at registration; default: the --"+CSIFlagEndpoint+" path")
 	return cmd
 }
 

@@ -1,0 +1,209 @@
+// Package kubelet registers the CSI plugin with kubelet natively: it serves
+// kubelet's plugin-registration API (k8s.io/kubelet/pkg/apis/pluginregistration/v1)
+// on a socket in kubelet's plugins_registry directory, the job the
+// node-driver-registrar sidecar does otherwise. Kubelet's plugin watcher
+// finds the socket (at its start, or when the socket appears), calls GetInfo,
+// connects to the CSI endpoint it names, and reports the outcome with
+// NotifyRegistrationStatus. Removing the socket unregisters the plugin.
+package kubelet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+)
+
+// DefaultRegistrationDir is where kubelet watches for plugin sockets.
+const DefaultRegistrationDir = "/var/lib/kubelet/plugins_registry"
+
+// SupportedVersions are the CSI spec versions announced to kubelet.
+var SupportedVersions = []string{"1.0.0"}
+
+// SocketPath turns the --kubelet-registration-path value into the path of
+// the registration socket: a directory (an existing one, or a path ending in
+// "/") gets "<driver>-reg.sock" in it, the name node-driver-registrar uses;
+// anything else is the socket path itself.
+func SocketPath(path, driverName string) string {
+	if strings.HasSuffix(path, "/") {
+		return filepath.Join(path, driverName+"-reg.sock")
+	}
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return filepath.Join(path, driverName+"-reg.sock")
+	}
+	return filepath.Clean(path)
+}
+
+// Config of a registration server.
+type Config struct {
+	DriverName string // CSI driver name
+	// Endpoint is the CSI socket path as kubelet sees it (kubelet connects
+	// to it after GetInfo). Required.
+	Endpoint string
+	Versions []string // CSI versions; SupportedVersions when empty
+	Logger   *slog.Logger
+}
+
+// Status is the outcome kubelet last reported.
+type Status struct {
+	Notified   bool // kubelet called NotifyRegistrationStatus at least once
+	Registered bool
+	Error      string
+	At         time.Time
+}
+
+// Server answers kubelet's registration calls.
+type Server struct {
+	registerapi.UnimplementedRegistrationServer
+	cfg Config
+	log *slog.Logger
+
+	mu       sync.Mutex
+	status   Status
+	notified chan struct{} // closed at the first notification
+}
+
+// New validates cfg and returns a server.
+func New(cfg Config) (*Server, error) {
+	if cfg.DriverName == "" {
+		return nil, errors.New("kubelet registration: driver name is required")
+	}
+	if cfg.Endpoint == "" || !filepath.IsAbs(cfg.Endpoint) {
+		return nil, fmt.Errorf("kubelet registration: CSI endpoint %q must be an absolute socket path", cfg.Endpoint)
+	}
+	if len(cfg.Versions) == 0 {
+		cfg.Versions = SupportedVersions
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Server{cfg: cfg, log: log.With("component", "kubelet-registration"), notified: make(chan struct{})}, nil
+}
+
+// GetInfo tells kubelet what this socket registers: a CSI plugin, its name,
+// its endpoint and the CSI versions it speaks.
+func (s *Server) GetInfo(ctx context.Context, _ *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+	s.log.Info("kubelet asked for plugin info", "driver", s.cfg.DriverName, "endpoint", s.cfg.Endpoint)
+	return &registerapi.PluginInfo{
+		Type:              registerapi.CSIPlugin,
+		Name:              s.cfg.DriverName,
+		Endpoint:          s.cfg.Endpoint,
+		SupportedVersions: append([]string(nil), s.cfg.Versions...),
+	}, nil
+}
+
+// NotifyRegistrationStatus records and logs kubelet's verdict.
+func (s *Server) NotifyRegistrationStatus(ctx context.Context, st *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
+	s.mu.Lock()
+	first := !s.status.Notified
+	s.status = Status{Notified: true, Registered: st.GetPluginRegistered(), Error: st.GetError(), At: time.Now()}
+	s.mu.Unlock()
+	if first {
+		close(s.notified)
+	}
+	if st.GetPluginRegistered() {
+		s.log.Info("registered with kubelet", "driver", s.cfg.DriverName)
+	} else {
+		s.log.Error("kubelet refused the registration", "driver", s.cfg.DriverName, "error", st.GetError())
+	}
+	return &registerapi.RegistrationStatusResponse{}, nil
+}
+
+// Status returns the last status kubelet reported.
+func (s *Server) Status() Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.status
+}
+
+// Notified is closed when kubelet reports a status for the first time.
+func (s *Server) Notified() <-chan struct{} { return s.notified }
+
+// Listen makes the registration socket: a stale socket from an earlier run
+// is replaced (never a file of another kind), the directory is created.
+// Kubelet's watcher may dial the socket the moment it appears; the
+// connection waits in the listen backlog until Serve answers it.
+func Listen(path string) (net.Listener, error) {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&fs.ModeSocket == 0 {
+			return nil, fmt.Errorf("registration socket %s: exists and is not a socket", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("registration socket %s: remove stale socket: %w", path, err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return nil, fmt.Errorf("registration socket %s: %w", path, err)
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("registration socket %s: %w", path, err)
+	}
+	ul := l.(*net.UnixListener)
+	// Serve removes the socket itself, and only while it is still this one.
+	ul.SetUnlinkOnClose(false)
+	fi, err := os.Lstat(path)
+	if err != nil {
+		ul.Close()
+		return nil, fmt.Errorf("registration socket %s: %w", path, err)
+	}
+	return &socket{UnixListener: ul, path: path, fi: fi}, nil
+}
+
+// socket is a listener made by Listen: it remembers which file it created.
+type socket struct {
+	*net.UnixListener
+	path string
+	fi   os.FileInfo
+}
+
+// Serve answers on l until ctx ends, then stops and removes the socket, so
+// kubelet unregisters the plugin.
+func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	srv := grpc.NewServer()
+	registerapi.RegisterRegistrationServer(srv, s)
+	path := l.Addr().String()
+	// The socket is removed at the end only if it is still ours: a newer
+	// process may have replaced it meanwhile.
+	var ours os.FileInfo
+	if sl, ok := l.(*socket); ok {
+		ours = sl.fi
+	}
+	s.log.Info("serving kubelet plugin registration", "socket", path, "driver", s.cfg.DriverName, "endpoint", s.cfg.Endpoint)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(l) }()
+	var err error
+	select {
+	case <-ctx.Done():
+		stopped := make(chan struct{})
+		go func() { srv.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(5 * time.Second):
+			srv.Stop()
+		}
+		<-errc
+	case err = <-errc:
+	}
+	l.Close()
+	if now, statErr := os.Lstat(path); statErr == nil && ours != nil && os.SameFile(ours, now) {
+		if rmErr := os.Remove(path); rmErr != nil {
+			s.log.Warn("remove registration socket", "socket", path, "error", rmErr)
+		}
+	}
+	if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return fmt.Errorf("kubelet registration: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,193 @@
+package kubelet
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+)
+
+// serve starts a registration server on a real unix socket in a fresh
+// plugins_registry-like directory and returns a client of kubelet's side.
+func serve(t *testing.T, cfg Config) (*Server, string, registerapi.RegistrationClient, context.CancelFunc, <-chan error) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "plugins_registry")
+	sock := SocketPath(dir+"/", cfg.DriverName)
+	srv, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, l) }()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(); cancel() })
+	return srv, sock, registerapi.NewRegistrationClient(conn), cancel, done
+}
+
+func TestGetInfoAndStatus(t *testing.T) {
+	srv, sock, client, cancel, done := serve(t, Config{DriverName: "sparsevol.example.com", Endpoint: "/var/lib/kubelet/plugins/sparsevol/csi.sock"})
+	if filepath.Base(sock) != "sparsevol.example.com-reg.sock" {
+		t.Errorf("socket name %s, want <driver>-reg.sock", sock)
+	}
+	ctx, c := context.WithTimeout(context.Background(), 10*time.Second)
+	defer c()
+
+	info, err := client.GetInfo(ctx, &registerapi.InfoRequest{})
+	if err != nil {
+		t.Fatalf("GetInfo: %v", err)
+	}
+	if info.Type != "CSIPlugin" {
+		t.Errorf("type %q, want CSIPlugin", info.Type)
+	}
+	if info.Name != "sparsevol.example.com" {
+		t.Errorf("name %q", info.Name)
+	}
+	if info.Endpoint != "/var/lib/kubelet/plugins/sparsevol/csi.sock" {
+		t.Errorf("endpoint %q", info.Endpoint)
+	}
+	if len(info.SupportedVersions) != 1 || info.SupportedVersions[0] != "1.0.0" {
+		t.Errorf("versions %v, want [1.0.0]", info.SupportedVersions)
+	}
+
+	select {
+	case <-srv.Notified():
+		t.Fatal("notified before kubelet reported")
+	default:
+	}
+	if _, err := client.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: false, Error: "driver name taken"}); err != nil {
+		t.Fatalf("NotifyRegistrationStatus: %v", err)
+	}
+	<-srv.Notified()
+	if st := srv.Status(); !st.Notified || st.Registered || st.Error != "driver name taken" {
+		t.Errorf("status after refusal: %+v", st)
+	}
+	if _, err := client.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
+		t.Fatalf("NotifyRegistrationStatus: %v", err)
+	}
+	if st := srv.Status(); !st.Registered || st.Error != "" {
+		t.Errorf("status after registration: %+v", st)
+	}
+
+	// Stopping removes the socket: kubelet unregisters the plugin.
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Serve: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return after cancel")
+	}
+	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
+		t.Errorf("socket still there after stop: %v", err)
+	}
+}
+
+func TestCustomVersions(t *testing.T) {
+	_, _, client, _, _ := serve(t, Config{DriverName: "d", Endpoint: "/csi/csi.sock", Versions: []string{"1.5.0", "1.0.0"}})
+	info, err := client.GetInfo(context.Background(), &registerapi.InfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.SupportedVersions) != 2 || info.SupportedVersions[0] != "1.5.0" {
+		t.Errorf("versions %v", info.SupportedVersions)
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	for _, cfg := range []Config{
+		{Endpoint: "/csi/csi.sock"},
+		{DriverName: "d"},
+		{DriverName: "d", Endpoint: "csi.sock"},
+	} {
+		if _, err := New(cfg); err == nil {
+			t.Errorf("New(%+v) accepted", cfg)
+		}
+	}
+}
+
+func TestSocketPath(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct{ in, want string }{
+		{dir, filepath.Join(dir, "drv-reg.sock")},
+		{"/var/lib/kubelet/plugins_registry/", "/var/lib/kubelet/plugins_registry/drv-reg.sock"},
+		{"/var/lib/kubelet/plugins_registry/x.sock", "/var/lib/kubelet/plugins_registry/x.sock"},
+	} {
+		if got := SocketPath(c.in, "drv"); got != c.want {
+			t.Errorf("SocketPath(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
+
+func TestListenReplacesStaleSocketOnly(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "reg.sock")
+	// A socket left by a killed process.
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close()
+	l2, err := Listen(sock)
+	if err != nil {
+		t.Fatalf("stale socket not replaced: %v", err)
+	}
+	l2.Close()
+
+	file := filepath.Join(dir, "not-a-socket")
+	if err := os.WriteFile(file, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Listen(file); err == nil {
+		t.Fatal("Listen replaced a regular file")
+	}
+	if b, err := os.ReadFile(file); err != nil || string(b) != "x" {
+		t.Fatalf("regular file changed: %q %v", b, err)
+	}
+}
+
+// A newer process that took over the socket path keeps its socket when the
+// older one stops.
+func TestStopKeepsReplacedSocket(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "reg.sock")
+	srv, err := New(Config{DriverName: "d", Endpoint: "/csi/csi.sock"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, l) }()
+	l2, err := Listen(sock) // the newer process
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(sock); err != nil {
+		t.Fatalf("the newer process's socket was removed: %v", err)
+	}
+}
