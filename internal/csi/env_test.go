@@ -34,7 +34,7 @@ type testEnv struct {
 	ident   csi.IdentityClient
 	metrics *Metrics
 
-	tmpfs   string // store mount point, if on its own tmpfs
+	tmpfs string // store mount point, if on its own tmpfs
 
 	mu      sync.Mutex
 	created map[string]bool // volume ids this env's plugin handed out

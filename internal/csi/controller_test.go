@@ -1,0 +1,406 @@
+package csi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sparsevol/sparsevol/internal/volume"
+)
+
+const (
+	mib = int64(1) << 20
+	gib = int64(1) << 30
+)
+
+func TestSizeFor(t *testing.T) {
+	tests := []struct {
+		name     string
+		req, lim int64
+		fsType   string
+		want     int64
+		code     codes.Code
+	}{
+		{"nothing asked: default", 0, 0, "ext4", gib, codes.OK},
+		{"tiny ext4 raised to minimum", 1, 0, "ext4", 4 * mib, codes.OK},
+		{"tiny xfs raised to minimum", 1, 0, "xfs", 300 * mib, codes.OK},
+		{"tiny block raised to a MiB", 1, 0, "", mib, codes.OK},
+		{"rounded up to a MiB", 5*mib + 1, 0, "ext4", 6 * mib, codes.OK},
+		{"exact", 512 * mib, 512 * mib, "ext4", 512 * mib, codes.OK},
+		{"limit only, below default", 0, 100 * mib, "ext4", 100 * mib, codes.OK},
+		{"limit only, above default", 0, 10 * gib, "ext4", gib, codes.OK},
+		{"limit below fs minimum", 1, 2 * mib, "ext4", 0, codes.OutOfRange},
+		{"xfs limit below minimum", 0, 100 * mib, "xfs", 0, codes.OutOfRange},
+		{"rounding passes limit", 5*mib + 1, 5*mib + 2, "ext4", 0, codes.OutOfRange},
+		{"required over limit", 10 * mib, 5 * mib, "ext4", 0, codes.InvalidArgument},
+		{"negative", -1, 0, "ext4", 0, codes.InvalidArgument},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := sizeFor(&csi.CapacityRange{RequiredBytes: tc.req, LimitBytes: tc.lim}, tc.fsType)
+			if status.Code(err) != tc.code {
+				t.Fatalf("sizeFor(%d, %d, %q) error %v, want code %s", tc.req, tc.lim, tc.fsType, err, tc.code)
+			}
+			if got != tc.want {
+				t.Errorf("sizeFor(%d, %d, %q) = %d, want %d", tc.req, tc.lim, tc.fsType, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseRequest(t *testing.T) {
+	mount := func(fs string) *csi.VolumeCapability { return rwCap(volume.ModeFilesystem, fs) }
+	block := rwCap(volume.ModeBlock, "")
+	multi := capOf(volume.ModeFilesystem, "", csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER)
+	tests := []struct {
+		name   string
+		caps   []*csi.VolumeCapability
+		params map[string]string
+		code   codes.Code
+		check  func(*spec) error
+	}{
+		{name: "defaults", caps: []*csi.VolumeCapability{mount("")}, check: func(s *spec) error {
+			if s.mode != volume.ModeFilesystem || s.fsType != "ext4" || s.preallocate || s.directIO != nil {
+				return fmt.Errorf("got %+v", s)
+			}
+			return nil
+		}},
+		{name: "every parameter", caps: []*csi.VolumeCapability{mount("")},
+			params: map[string]string{ParamFSType: "xfs", ParamProvisioning: "thick", ParamDirectIO: "false", ParamMkfsOptions: "-b size=4096  -K",
+				"csi.storage.k8s.io/pvc/name": "data"},
+			check: func(s *spec) error {
+				if s.fsType != "xfs" || !s.preallocate || s.directIO == nil || *s.directIO || strings.Join(s.mkfsOptions, "|") != "-b|size=4096|-K" {
+					return fmt.Errorf("got %+v", s)
+				}
+				return nil
+			}},
+		{name: "fs from capability", caps: []*csi.VolumeCapability{mount("xfs")}, check: func(s *spec) error {
+			if s.fsType != "xfs" {
+				return fmt.Errorf("fs %q", s.fsType)
+			}
+			return nil
+		}},
+		{name: "block", caps: []*csi.VolumeCapability{block}, check: func(s *spec) error {
+			if s.mode != volume.ModeBlock || s.fsType != "" {
+				return fmt.Errorf("got %+v", s)
+			}
+			return nil
+		}},
+		{name: "no capabilities", code: codes.InvalidArgument},
+		{name: "multi-node access", caps: []*csi.VolumeCapability{multi}, code: codes.InvalidArgument},
+		{name: "block and mount", caps: []*csi.VolumeCapability{mount(""), block}, code: codes.InvalidArgument},
+		{name: "two filesystems", caps: []*csi.VolumeCapability{mount("ext4"), mount("xfs")}, code: codes.InvalidArgument},
+		{name: "parameter contradicts capability", caps: []*csi.VolumeCapability{mount("ext4")}, params: map[string]string{ParamFSType: "xfs"}, code: codes.InvalidArgument},
+		{name: "unsupported filesystem", caps: []*csi.VolumeCapability{mount("btrfs")}, code: codes.InvalidArgument},
+		{name: "unknown parameter", caps: []*csi.VolumeCapability{mount("")}, params: map[string]string{"provisionning": "thin"}, code: codes.InvalidArgument},
+		{name: "bad provisioning", caps: []*csi.VolumeCapability{mount("")}, params: map[string]string{ParamProvisioning: "fat"}, code: codes.InvalidArgument},
+		{name: "bad directIO", caps: []*csi.VolumeCapability{mount("")}, params: map[string]string{ParamDirectIO: "maybe"}, code: codes.InvalidArgument},
+		{name: "block with fsType", caps: []*csi.VolumeCapability{block}, params: map[string]string{ParamFSType: "ext4"}, code: codes.InvalidArgument},
+		{name: "block with mkfsOptions", caps: []*csi.VolumeCapability{block}, params: map[string]string{ParamMkfsOptions: "-K"}, code: codes.InvalidArgument},
+		{name: "no access type", caps: []*csi.VolumeCapability{{AccessMode: block.AccessMode}}, code: codes.InvalidArgument},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := parseRequest(tc.caps, tc.params, &csi.CapacityRange{RequiredBytes: 512 * mib})
+			if status.Code(err) != tc.code {
+				t.Fatalf("error %v, want code %s", err, tc.code)
+			}
+			if tc.check != nil {
+				if err := tc.check(s); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+}
+
+func TestParseEndpoint(t *testing.T) {
+	tests := []struct {
+		in, want string
+		ok       bool
+	}{
+		{"unix:///csi/csi.sock", "/csi/csi.sock", true},
+		{"unix:/csi/csi.sock", "/csi/csi.sock", true},
+		{"/var/lib/kubelet/plugins/x/csi.sock", "/var/lib/kubelet/plugins/x/csi.sock", true},
+		{"tcp://127.0.0.1:10000", "", false},
+		{"unix://relative.sock", "", false},
+		{"csi.sock", "", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.in, func(t *testing.T) {
+			got, err := ParseEndpoint(tc.in)
+			if (err == nil) != tc.ok || got != tc.want {
+				t.Errorf("ParseEndpoint(%q) = %q, %v; want %q, ok=%t", tc.in, got, err, tc.want, tc.ok)
+			}
+		})
+	}
+}
+
+func TestToStatus(t *testing.T) {
+	wrap := func(err error) error { return fmt.Errorf("create x: %w", err) }
+	tests := []struct {
+		err  error
+		code codes.Code
+	}{
+		{wrap(volume.ErrInvalid), codes.InvalidArgument},
+		{wrap(volume.ErrNotFound), codes.NotFound},
+		{wrap(volume.ErrExists), codes.AlreadyExists},
+		{wrap(volume.ErrNoSpace), codes.ResourceExhausted},
+		{wrap(volume.ErrBusy), codes.FailedPrecondition},
+		{wrap(volume.ErrNotReady), codes.Unavailable},
+		{wrap(context.DeadlineExceeded), codes.DeadlineExceeded},
+		{errors.New("mkfs exploded"), codes.Internal},
+		{status.Error(codes.Aborted, "busy"), codes.Aborted},
+	}
+	for _, tc := range tests {
+		if got := status.Code(toStatus(tc.err)); got != tc.code {
+			t.Errorf("toStatus(%v) = %s, want %s", tc.err, got, tc.code)
+		}
+	}
+	if toStatus(nil) != nil {
+		t.Error("toStatus(nil) is not nil")
+	}
+}
+
+func TestInflight(t *testing.T) {
+	f := inflight{keys: map[string]struct{}{}}
+	release, err := f.acquire("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.acquire("a"); status.Code(err) != codes.Aborted {
+		t.Fatalf("second acquire: %v, want Aborted", err)
+	}
+	other, err := f.acquire("b")
+	if err != nil {
+		t.Fatalf("other key: %v", err)
+	}
+	other()
+	release()
+	if r, err := f.acquire("a"); err != nil {
+		t.Fatalf("after release: %v", err)
+	} else {
+		r()
+	}
+}
+
+// TestControllerRules drives the controller and node through the cases
+// sanity does not reach, on a store of its own tmpfs so that capacity is
+// exact.
+func TestControllerRules(t *testing.T) {
+	e := newTestEnv(t, envOptions{tmpfsBytes: 256 << 20})
+	ctx := context.Background()
+	mountRW := rwCap(volume.ModeFilesystem, "ext4")
+	block := rwCap(volume.ModeBlock, "")
+
+	// A node-mode volume in the same store: the CSI driver must not take it.
+	nodeVol, err := e.store.Create(ctx, volume.CreateRequest{Name: "node-mode", SizeBytes: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("name of a node-mode volume", func(t *testing.T) {
+		_, err := e.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "node-mode", VolumeCapabilities: []*csi.VolumeCapability{mountRW},
+			CapacityRange: &csi.CapacityRange{RequiredBytes: 8 << 20}})
+		wantCode(t, err, codes.AlreadyExists)
+	})
+	t.Run("delete a node-mode volume", func(t *testing.T) {
+		_, err := e.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: nodeVol.UUID})
+		wantCode(t, err, codes.FailedPrecondition)
+	})
+	t.Run("other node's topology", func(t *testing.T) {
+		_, err := e.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "elsewhere", VolumeCapabilities: []*csi.VolumeCapability{mountRW},
+			AccessibilityRequirements: &csi.TopologyRequirement{Requisite: []*csi.Topology{{Segments: map[string]string{TopologyKey: "other-node"}}}}})
+		wantCode(t, err, codes.ResourceExhausted)
+	})
+	t.Run("content source", func(t *testing.T) {
+		_, err := e.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "clone", VolumeCapabilities: []*csi.VolumeCapability{mountRW},
+			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: nodeVol.UUID}}}})
+		wantCode(t, err, codes.InvalidArgument)
+	})
+
+	t.Run("capacity follows the overcommit policy", func(t *testing.T) {
+		cresp, err := e.ctrl.GetCapacity(ctx, &csi.GetCapacityRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sp, err := e.store.Space()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := cresp.GetAvailableCapacity(), sp.CapacityBytes/mib*mib; got != want {
+			t.Fatalf("GetCapacity %d, store says %d", got, want)
+		}
+		if cresp.GetAvailableCapacity() < 100<<20 {
+			t.Fatalf("tmpfs store offers only %d bytes", cresp.GetAvailableCapacity())
+		}
+		_, err = e.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "too-big", VolumeCapabilities: []*csi.VolumeCapability{block},
+			CapacityRange: &csi.CapacityRange{RequiredBytes: cresp.GetAvailableCapacity() + mib}})
+		wantCode(t, err, codes.ResourceExhausted)
+		vol := e.createVolume(t, "all-of-it", cresp.GetAvailableCapacity(), block, nil)
+		after, err := e.ctrl.GetCapacity(ctx, &csi.GetCapacityRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after.GetAvailableCapacity() != 0 {
+			t.Errorf("capacity after promising all of it: %d, want 0", after.GetAvailableCapacity())
+		}
+		_, err = e.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: vol.GetVolumeId(),
+			CapacityRange: &csi.CapacityRange{RequiredBytes: vol.GetCapacityBytes() + mib}})
+		wantCode(t, err, codes.ResourceExhausted)
+		if _, err := e.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: vol.GetVolumeId()}); err != nil {
+			t.Fatal(err)
+		}
+		other, err := e.ctrl.GetCapacity(ctx, &csi.GetCapacityRequest{AccessibleTopology: &csi.Topology{Segments: map[string]string{TopologyKey: "other-node"}}})
+		if err != nil || other.GetAvailableCapacity() != 0 {
+			t.Errorf("capacity of another node = %v, %v; want 0", other, err)
+		}
+	})
+
+	t.Run("expand", func(t *testing.T) {
+		vol := e.createVolume(t, "expand", 8*mib, block, nil)
+		resp, err := e.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: vol.GetVolumeId(),
+			CapacityRange: &csi.CapacityRange{RequiredBytes: 4 * mib}})
+		if err != nil || resp.GetCapacityBytes() != 8*mib || resp.GetNodeExpansionRequired() {
+			t.Errorf("expand to a smaller size = %v, %v; want the current 8 MiB, no node step for block", resp, err)
+		}
+		_, err = e.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: vol.GetVolumeId(),
+			CapacityRange: &csi.CapacityRange{RequiredBytes: 16*mib + 1, LimitBytes: 16*mib + 2}})
+		wantCode(t, err, codes.OutOfRange)
+		_, err = e.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: volume.NewUUID(),
+			CapacityRange: &csi.CapacityRange{RequiredBytes: 16 * mib}})
+		wantCode(t, err, codes.NotFound)
+		if _, err := e.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: vol.GetVolumeId()}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("list pages", func(t *testing.T) {
+		want := map[string]bool{}
+		for i := range 5 {
+			want[e.createVolume(t, fmt.Sprintf("list-%d", i), 4*mib, mountRW, nil).GetVolumeId()] = true
+		}
+		seen := map[string]int{}
+		token := ""
+		for pages := 0; ; pages++ {
+			resp, err := e.ctrl.ListVolumes(ctx, &csi.ListVolumesRequest{MaxEntries: 2, StartingToken: token})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(resp.GetEntries()) > 2 {
+				t.Fatalf("page of %d entries, max 2", len(resp.GetEntries()))
+			}
+			for _, en := range resp.GetEntries() {
+				seen[en.GetVolume().GetVolumeId()]++
+			}
+			if token = resp.GetNextToken(); token == "" || pages > 10 {
+				break
+			}
+		}
+		for id := range want {
+			if seen[id] != 1 {
+				t.Errorf("volume %s listed %d times", id, seen[id])
+			}
+		}
+		if seen[nodeVol.UUID] != 0 {
+			t.Error("ListVolumes lists a node-mode volume")
+		}
+		for id := range want {
+			if _, err := e.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+
+	t.Run("staged volume", func(t *testing.T) {
+		vol := e.createVolume(t, "staged", 8*mib, mountRW, nil)
+		id := vol.GetVolumeId()
+		staging := filepath.Join(e.dir, "staged-staging")
+		_, err := e.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: block})
+		wantCode(t, err, codes.InvalidArgument) // a filesystem volume is not a block device
+		if _, err := e.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: mountRW}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = e.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})
+		wantCode(t, err, codes.FailedPrecondition)
+
+		single := capOf(volume.ModeFilesystem, "ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER)
+		ro := published{id: id, staging: staging, target: filepath.Join(e.dir, "ro-target"), c: single}
+		if _, err := e.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+			TargetPath: ro.target, VolumeCapability: single, Readonly: true}); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(ro.target, "x"), []byte("x"), 0o600); !errors.Is(err, syscall.EROFS) {
+			t.Errorf("write into a read-only publication: %v, want EROFS", err)
+		}
+		_, err = e.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+			TargetPath: filepath.Join(e.dir, "second-target"), VolumeCapability: single})
+		wantCode(t, err, codes.FailedPrecondition)
+
+		_, err = e.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
+		wantCode(t, err, codes.FailedPrecondition) // still published
+		e.teardown(t, ro)
+		if _, err := os.Stat(ro.target); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("target path left behind: %v", err)
+		}
+		for range 2 { // idempotent
+			if _, err := e.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: ro.target}); err != nil {
+				t.Error(err)
+			}
+			if _, err := e.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+
+	t.Run("probe, info and metrics", func(t *testing.T) {
+		p, err := e.ident.Probe(ctx, &csi.ProbeRequest{})
+		if err != nil || !p.GetReady().GetValue() {
+			t.Fatalf("Probe = %v, %v", p, err)
+		}
+		info, err := e.node.NodeGetInfo(ctx, &csi.NodeGetInfoRequest{})
+		if err != nil || info.GetNodeId() != testNodeID || info.GetAccessibleTopology().GetSegments()[TopologyKey] != testNodeID || info.GetMaxVolumesPerNode() != 100 {
+			t.Fatalf("NodeGetInfo = %v, %v", info, err)
+		}
+		srv := httptest.NewServer(promhttp.HandlerFor(e.metrics.Registry, promhttp.HandlerOpts{}))
+		defer srv.Close()
+		resp, err := srv.Client().Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, want := range []string{
+			`sparsevol_volumes{fs_type="ext4",managed_by="node",mode="filesystem"} 1`,
+			`sparsevol_volume_logical_bytes{name="node-mode",volume_id="` + nodeVol.UUID + `"} 8.388608e+06`,
+			`sparsevol_volume_allocated_bytes{name="node-mode"`,
+			`sparsevol_store_capacity_bytes `,
+			`sparsevol_csi_operations_total{code="OK",method="CreateVolume"}`,
+			`sparsevol_csi_operation_errors_total{code="ResourceExhausted",method="CreateVolume"} 2`,
+			`sparsevol_csi_operation_duration_seconds_count{method="NodeStageVolume"}`,
+		} {
+			if !strings.Contains(string(body), want) {
+				t.Errorf("metrics lack %q", want)
+			}
+		}
+		if t.Failed() {
+			t.Logf("metrics:\n%s", body)
+		}
+	})
+	if err := e.store.Delete(ctx, nodeVol.UUID); err != nil {
+		t.Fatal(err)
+	}
+}
