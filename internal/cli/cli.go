@@ -120,7 +120,7 @@ template unit (sparsevol@<uuid>.service) — no network, no API server.`,
 		newCreateCommand(g), newAttachCommand(g), newDetachCommand(g),
 		newDeleteCommand(g), newExpandCommand(g), newListCommand(g),
 		newStatusCommand(g), newPVCommand(g), newAdoptCommand(g),
-		newUnitsCommand(g), newDoctorCommand(g), newCSICommand(g),
+		newUnitsCommand(g), newDoctorCommand(g), newCSICommand(g), newTrimCommand(g),
 	)
 	return root, g
 }

@@ -33,6 +33,7 @@ func (s *Store) attachDevice(v *Volume) (*loop.Device, error) {
 }
 
 func (s *Store) bind(v *Volume) (*loop.Device, error) {
+	s.keepThick(v) // trim.go: undo discards that punched holes into a thick volume
 	dev, err := loop.Attach(v.BackingFile, loop.AttachOptions{
 		Tag:       tag(v.UUID),
 		DirectIO:  v.DirectIO,

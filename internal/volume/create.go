@@ -187,9 +187,17 @@ func (s *Store) reserve(req CreateRequest) (*Volume, error) {
 // alignment of the store's filesystem, so direct I/O needs no bounce
 // buffers, and 512 where that is unknown. It is fixed at create time
 // because partition tables and XFS record the sector size.
+//
+// Filesystems report the alignment for regular files only, so it is asked
+// of an unnamed temporary file in dir (O_TMPFILE), which vanishes on close.
 func blockSizeFor(dir string) uint32 {
+	fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return 512
+	}
+	defer unix.Close(fd)
 	var stx unix.Statx_t
-	if err := unix.Statx(unix.AT_FDCWD, dir, 0, unix.STATX_DIOALIGN, &stx); err == nil &&
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_DIOALIGN, &stx); err == nil &&
 		stx.Mask&unix.STATX_DIOALIGN != 0 && stx.Dio_offset_align >= 512 && stx.Dio_offset_align <= 4096 {
 		return stx.Dio_offset_align
 	}

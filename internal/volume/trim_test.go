@@ -1,0 +1,371 @@
+package volume
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// fill writes n MiB of incompressible data to dir/name and syncs it.
+func fill(t *testing.T, dir, name string, mib int) {
+	t.Helper()
+	f, err := os.Create(filepath.Join(dir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, MiB)
+	for i := range buf {
+		buf[i] = byte(i*31 + i>>8)
+	}
+	for i := range mib {
+		buf[0] = byte(i)
+		if _, err := f.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// removeSynced deletes dir/name and syncs the filesystem, so the blocks are
+// free (and, with a discard mount, discarded) when it returns.
+func removeSynced(t *testing.T, dir, name string) {
+	t.Helper()
+	if err := os.Remove(filepath.Join(dir, name)); err != nil {
+		t.Fatal(err)
+	}
+	syncfs(t, dir)
+}
+
+func syncfs(t *testing.T, dir string) {
+	t.Helper()
+	f, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Syncfs(int(f.Fd())); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rawFITRIM is what an fstrim timer does to every mounted filesystem.
+func rawFITRIM(t *testing.T, dir string) {
+	t.Helper()
+	f, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r := fstrimRange{Len: math.MaxUint64}
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), fitrim, uintptr(unsafe.Pointer(&r))); errno != 0 {
+		t.Fatalf("FITRIM %s: %v", dir, errno)
+	}
+}
+
+func attachMounted(t *testing.T, s *Store, v *Volume, options string) string {
+	t.Helper()
+	st, err := s.Attach(context.Background(), v.UUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Detach(context.Background(), v.UUID) })
+	dir := t.TempDir()
+	if err := unix.Mount(st.DataDevice, dir, v.FSType, 0, options); err != nil {
+		t.Fatalf("mount %s -o %q: %v", st.DataDevice, options, err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, 0) }) // runs before the detach
+	return dir
+}
+
+// TestTrimReclaims writes data into thin volumes, deletes it and trims:
+// the backing file must give the space back, down to about what it held
+// before the write.
+func TestTrimReclaims(t *testing.T) {
+	const written = 256 // MiB
+	for _, fs := range []string{"ext4", "xfs"} {
+		t.Run(fs, func(t *testing.T) {
+			ctx := context.Background()
+			s := newStore(t, Options{})
+			v := mustCreate(t, s, CreateRequest{Name: "thin-" + fs, SizeBytes: 1 << 30, FSType: fs})
+			dir := attachMounted(t, s, v, "")
+			fresh := allocated(t, v.BackingFile)
+			fill(t, dir, "data", written)
+			removeSynced(t, dir, "data")
+			full := allocated(t, v.BackingFile)
+			if full < fresh+written*MiB*9/10 {
+				t.Fatalf("after writing %d MiB the file holds %d bytes, fresh %d: writes did not allocate", written, full, fresh)
+			}
+			res, err := s.Trim(ctx, v.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.MountPoint != dir || res.Thick || res.Skipped != "" {
+				t.Errorf("result %+v: want mount point %s, thin, not skipped", res, dir)
+			}
+			if res.AllocatedBefore != full || res.AllocatedAfter != allocated(t, v.BackingFile) {
+				t.Errorf("result before/after %d/%d, measured %d/%d", res.AllocatedBefore, res.AllocatedAfter, full, allocated(t, v.BackingFile))
+			}
+			if res.ReclaimedBytes() < written*MiB*9/10 {
+				t.Errorf("reclaimed %d bytes of %d MiB deleted", res.ReclaimedBytes(), written)
+			}
+			if res.AllocatedAfter > fresh+fresh/20+MiB {
+				t.Errorf("after trim the file holds %d bytes, the fresh filesystem held %d", res.AllocatedAfter, fresh)
+			}
+		})
+	}
+}
+
+// TestTrimThickStaysAllocated: discards from inside a thick volume (an
+// fstrim timer) punch holes; sparsevol trim and the next attach fill them,
+// and trim itself never deallocates.
+func TestTrimThickStaysAllocated(t *testing.T) {
+	for _, fs := range []string{"ext4", "xfs"} {
+		t.Run(fs, func(t *testing.T) {
+			ctx := context.Background()
+			s := newStore(t, Options{})
+			v := mustCreate(t, s, CreateRequest{Name: "thick-" + fs, SizeBytes: 512 << 20, FSType: fs, Preallocate: true})
+			if got := allocated(t, v.BackingFile); got < v.SizeBytes {
+				t.Fatalf("thick volume created with %d of %d bytes allocated", got, v.SizeBytes)
+			}
+			st, err := s.Attach(ctx, v.UUID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Detach(ctx, v.UUID) })
+			dir := t.TempDir()
+			t.Cleanup(func() { unix.Unmount(dir, 0) })
+			// punch frees 64 MiB inside the volume and FITRIMs it as an
+			// fstrim timer would; the unmount waits for every discard.
+			punch := func() int64 {
+				t.Helper()
+				if err := unix.Mount(st.DataDevice, dir, fs, 0, ""); err != nil {
+					t.Fatal(err)
+				}
+				fill(t, dir, "data", 64)
+				removeSynced(t, dir, "data")
+				rawFITRIM(t, dir)
+				if err := unix.Unmount(dir, 0); err != nil {
+					t.Fatal(err)
+				}
+				got := allocated(t, v.BackingFile)
+				if got >= v.SizeBytes {
+					t.Fatalf("FITRIM inside the thick volume punched nothing (allocated %d)", got)
+				}
+				return got
+			}
+
+			// sparsevol trim of a mounted thick volume: no FITRIM.
+			if err := unix.Mount(st.DataDevice, dir, fs, 0, ""); err != nil {
+				t.Fatal(err)
+			}
+			fill(t, dir, "data", 64)
+			removeSynced(t, dir, "data")
+			res, err := s.Trim(ctx, v.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !res.Thick || res.MountPoint != dir || res.AllocatedAfter < v.SizeBytes || res.FilesystemTrimmedBytes != 0 {
+				t.Errorf("trim of a thick volume: %+v; want no FITRIM and full allocation", res)
+			}
+			if err := unix.Unmount(dir, 0); err != nil {
+				t.Fatal(err)
+			}
+
+			// Holes punched from inside: trim fills them.
+			punched := punch()
+			res, err = s.Trim(ctx, v.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.AllocatedBefore != punched || res.AllocatedAfter < v.SizeBytes || res.ReclaimedBytes() >= 0 {
+				t.Errorf("trim after an outside fstrim: before %d (measured %d), after %d, want >= %d", res.AllocatedBefore, punched, res.AllocatedAfter, v.SizeBytes)
+			}
+
+			// Punched again, then detached and attached: attach fills them.
+			punch()
+			if err := s.Detach(ctx, v.UUID); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Attach(ctx, v.UUID); err != nil {
+				t.Fatal(err)
+			}
+			if got := allocated(t, v.BackingFile); got < v.SizeBytes {
+				t.Errorf("after re-attach the thick file holds %d of %d bytes", got, v.SizeBytes)
+			}
+		})
+	}
+}
+
+// TestTrimRefusals: nothing is trimmed that is not a mounted filesystem.
+func TestTrimRefusals(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, Options{})
+	mounted := mustCreate(t, s, CreateRequest{Name: "mounted", SizeBytes: 64 << 20})
+	mustCreate(t, s, CreateRequest{Name: "unmounted", SizeBytes: 64 << 20})
+	mustCreate(t, s, CreateRequest{Name: "block", SizeBytes: 8 << 20, Mode: ModeBlock, NoPartition: true})
+	attachMounted(t, s, mounted, "")
+	t.Cleanup(func() { s.DetachAll(ctx) })
+
+	tests := []struct {
+		ref     string
+		wantErr error
+		skipped string
+	}{
+		{"mounted", nil, ""},
+		{"unmounted", ErrNotMounted, "not mounted"},
+		{"block", ErrInvalid, "block volume"},
+		{"nosuch", ErrNotFound, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.ref, func(t *testing.T) {
+			res, err := s.Trim(ctx, tt.ref)
+			if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil) != (err == nil) {
+				t.Fatalf("Trim(%s) error %v, want %v", tt.ref, err, tt.wantErr)
+			}
+			if res != nil && !strings.HasPrefix(res.Skipped, tt.skipped) {
+				t.Errorf("Trim(%s) skipped %q, want prefix %q", tt.ref, res.Skipped, tt.skipped)
+			}
+		})
+	}
+
+	all, err := s.TrimAll(ctx)
+	if err != nil {
+		t.Fatalf("TrimAll: %v (skips are not errors)", err)
+	}
+	got := map[string]string{}
+	for _, r := range all {
+		got[r.Name] = r.Skipped
+	}
+	if len(got) != 3 || got["mounted"] != "" || got["unmounted"] != "not mounted" || got["block"] == "" {
+		t.Errorf("TrimAll results %v", got)
+	}
+}
+
+// TestDiscardMountReachesBackingFile: with the discard mount option the
+// filesystem discards freed blocks itself, and the loop device punches
+// them out of the backing file without any trim.
+func TestDiscardMountReachesBackingFile(t *testing.T) {
+	const written = 128 // MiB
+	for _, fs := range []string{"ext4", "xfs"} {
+		t.Run(fs, func(t *testing.T) {
+			s := newStore(t, Options{})
+			v := mustCreate(t, s, CreateRequest{Name: "discard-" + fs, SizeBytes: 512 << 20, FSType: fs})
+			dir := attachMounted(t, s, v, "discard")
+			fill(t, dir, "data", written)
+			full := allocated(t, v.BackingFile)
+			removeSynced(t, dir, "data")
+			// Online discard is issued when the freeing transaction
+			// commits; syncfs forces the commit, but XFS may hand the
+			// discard to a worker. Poll the outcome, not the clock.
+			deadline := time.Now().Add(30 * time.Second)
+			for allocated(t, v.BackingFile) > full-written*MiB*9/10 && time.Now().Before(deadline) {
+				syncfs(t, dir)
+				time.Sleep(100 * time.Millisecond)
+			}
+			if after := allocated(t, v.BackingFile); after > full-written*MiB*9/10 {
+				t.Errorf("with -o discard, deleting %d MiB left the file at %d bytes (was %d)", written, after, full)
+			}
+		})
+	}
+}
+
+// TestDirectIOFallback: a volume whose loop block size is below the
+// backing device's sector size cannot do direct I/O (an adopted 512-byte
+// volume on a 4Kn disk); it must run buffered, log it, and say so in its
+// status.
+func TestDirectIOFallback(t *testing.T) {
+	ctx := context.Background()
+	s0 := newStore(t, Options{})
+	// A 4Kn disk: a loop device with 4096-byte sectors over a file of
+	// the test store, with ext4 on it, mounted as the store's root.
+	disk := mustCreate(t, s0, CreateRequest{Name: "disk4k", SizeBytes: 256 << 20, Mode: ModeBlock, NoPartition: true})
+	dev := attach4Kn(t, disk.BackingFile)
+	run(t, "mkfs.ext4", "-q", "-F", dev)
+	root := mountTemp(t, dev, "ext4")
+	if err := os.Chmod(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+
+	var logs bytes.Buffer
+	s, err := Open(root, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name       string
+		make       func(t *testing.T) string // returns the ref
+		wantDirect bool
+	}{
+		{"created matches the 4096 alignment", func(t *testing.T) string {
+			v := mustCreate(t, s, CreateRequest{Name: "native", SizeBytes: 32 << 20})
+			if v.BlockSize != 4096 {
+				t.Errorf("block size %d on a 4Kn store, want 4096", v.BlockSize)
+			}
+			return v.Name
+		}, true},
+		{"adopted 512 falls back to buffered", func(t *testing.T) string {
+			path := filepath.Join(root, "old.img")
+			if err := os.WriteFile(path, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(path, 32<<20); err != nil {
+				t.Fatal(err)
+			}
+			run(t, "mkfs.ext4", "-q", "-F", path)
+			vols, err := s.Adopt(ctx, []string{path}, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return vols[0].UUID
+		}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			logs.Reset()
+			ref := tt.make(t)
+			st, err := s.Attach(ctx, ref)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Detach(ctx, ref) })
+			if !st.DirectIO {
+				t.Fatal("direct I/O was not requested")
+			}
+			if st.DirectIOActive != tt.wantDirect {
+				t.Errorf("attach: directIO %v, want %v", st.DirectIOActive, tt.wantDirect)
+			}
+			again, err := s.Status(ref)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if again.DirectIOActive != tt.wantDirect {
+				t.Errorf("status: directIO %v, want %v", again.DirectIOActive, tt.wantDirect)
+			}
+			if warned := strings.Contains(logs.String(), "direct I/O refused"); warned == tt.wantDirect {
+				t.Errorf("fallback logged %v, want %v; log:\n%s", warned, !tt.wantDirect, logs.String())
+			}
+		})
+	}
+}
+
+// attach4Kn binds path to a loop device with 4096-byte sectors, with
+// losetup, as a disk of a foreign tool would be.
+func attach4Kn(t *testing.T, path string) string {
+	t.Helper()
+	dev := strings.TrimSpace(run(t, "losetup", "--find", "--show", "--sector-size", "4096", "--direct-io=on", path))
+	t.Cleanup(func() { run(t, "losetup", "-d", dev) })
+	return dev
+}
