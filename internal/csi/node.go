@@ -399,14 +399,23 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	if _, err := os.Stat(path); err != nil {
 		return nil, status.Errorf(codes.NotFound, "volume %s: volume path: %v", id, err)
 	}
-	if req := req.GetCapacityRange().GetRequiredBytes(); req > v.SizeBytes {
-		return nil, status.Errorf(codes.OutOfRange, "volume %s is %d bytes, %d required: expand it through the controller first", id, v.SizeBytes, req)
+	size := v.SizeBytes
+	if lim := req.GetCapacityRange().GetLimitBytes(); lim > 0 && size > lim {
+		return nil, status.Errorf(codes.OutOfRange, "volume %s is %d bytes, beyond the limit of %d; volumes do not shrink", id, size, lim)
 	}
-	if err := d.store.GrowFilesystem(ctx, id); err != nil {
+	if want := req.GetCapacityRange().GetRequiredBytes(); want > size {
+		// The controller step did not reach this node's store (each node's
+		// resizer sees every claim of the driver): grow the whole way here.
+		nv, err := d.store.Expand(ctx, id, want, volume.ExpandOptions{})
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		size = nv.SizeBytes
+	} else if err := d.store.GrowFilesystem(ctx, id); err != nil {
 		return nil, toStatus(err)
 	}
-	d.log.Info("volume expanded on node", "volume_id", id, "name", v.Name, "size", v.SizeBytes)
-	return &csi.NodeExpandVolumeResponse{CapacityBytes: v.SizeBytes}, nil
+	d.log.Info("volume expanded on node", "volume_id", id, "name", v.Name, "size", size)
+	return &csi.NodeExpandVolumeResponse{CapacityBytes: size}, nil
 }
 
 // NodeGetVolumeHealth reports a missing backing file (data loss) and, for
