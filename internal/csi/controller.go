@@ -518,3 +518,29 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 	}
 	return &csi.ControllerExpandVolumeResponse{CapacityBytes: nv.SizeBytes, NodeExpansionRequired: nodeExpansion}, nil
 }
+
+// FSTypeParameter is the StorageClass parameter the external provisioner
+// turns into the mount capability's fs_type (and strips).
+const FSTypeParameter = provisionerPrefix + "fstype"
+
+// ValidateParameters checks StorageClass parameters the way CreateVolume
+// will see them behind the external provisioner, for a filesystem claim
+// and, unless they name a filesystem, for a block claim.
+func ValidateParameters(params map[string]string) error {
+	mount := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: params[FSTypeParameter]}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+	if _, err := parseRequest([]*csi.VolumeCapability{mount}, params, nil); err != nil {
+		return err
+	}
+	if params[FSTypeParameter] != "" || params[ParamFSType] != "" || params[ParamMkfsOptions] != "" {
+		return nil
+	}
+	block := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+		AccessMode: mount.AccessMode,
+	}
+	_, err := parseRequest([]*csi.VolumeCapability{block}, params, nil)
+	return err
+}

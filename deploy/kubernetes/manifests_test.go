@@ -1,0 +1,446 @@
+// Package kubernetes holds the Kubernetes manifests of the CSI driver; its
+// test proves they decode strictly and agree with each other and with the
+// flags of the binary they run.
+package kubernetes
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/sparsevol/sparsevol/internal/cli"
+	"github.com/sparsevol/sparsevol/internal/csi"
+)
+
+// manifests is every object of every YAML file here, decoded strictly.
+type manifests struct {
+	namespaces          []*corev1.Namespace
+	serviceAccounts     []*corev1.ServiceAccount
+	clusterRoles        []*rbacv1.ClusterRole
+	clusterRoleBindings []*rbacv1.ClusterRoleBinding
+	roles               []*rbacv1.Role
+	roleBindings        []*rbacv1.RoleBinding
+	drivers             []*storagev1.CSIDriver
+	daemonSets          []*appsv1.DaemonSet
+	storageClasses      []*storagev1.StorageClass
+}
+
+func load(t *testing.T) *manifests {
+	t.Helper()
+	files, err := filepath.Glob("*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no manifests: %v", err)
+	}
+	m := &manifests{}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(data), -1) {
+			if strings.TrimSpace(stripComments(doc)) == "" {
+				continue
+			}
+			where := fmt.Sprintf("%s document %d", f, i+1)
+			var head struct {
+				APIVersion string `json:"apiVersion"`
+				Kind       string `json:"kind"`
+			}
+			if err := yaml.Unmarshal([]byte(doc), &head); err != nil {
+				t.Fatalf("%s: %v", where, err)
+			}
+			var obj any
+			switch head.APIVersion + " " + head.Kind {
+			case "v1 Namespace":
+				obj = appendNew(&m.namespaces)
+			case "v1 ServiceAccount":
+				obj = appendNew(&m.serviceAccounts)
+			case "rbac.authorization.k8s.io/v1 ClusterRole":
+				obj = appendNew(&m.clusterRoles)
+			case "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
+				obj = appendNew(&m.clusterRoleBindings)
+			case "rbac.authorization.k8s.io/v1 Role":
+				obj = appendNew(&m.roles)
+			case "rbac.authorization.k8s.io/v1 RoleBinding":
+				obj = appendNew(&m.roleBindings)
+			case "storage.k8s.io/v1 CSIDriver":
+				obj = appendNew(&m.drivers)
+			case "apps/v1 DaemonSet":
+				obj = appendNew(&m.daemonSets)
+			case "storage.k8s.io/v1 StorageClass":
+				obj = appendNew(&m.storageClasses)
+			default:
+				t.Fatalf("%s: unexpected %s %s", where, head.APIVersion, head.Kind)
+			}
+			if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
+				t.Fatalf("%s: strict decoding: %v", where, err)
+			}
+		}
+	}
+	return m
+}
+
+func appendNew[T any](list *[]*T) *T {
+	v := new(T)
+	*list = append(*list, v)
+	return v
+}
+
+func stripComments(doc string) string {
+	var b strings.Builder
+	for _, line := range strings.Split(doc, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(line), "#") {
+			b.WriteString(line + "\n")
+		}
+	}
+	return b.String()
+}
+
+func one[T any](t *testing.T, what string, list []*T) *T {
+	t.Helper()
+	if len(list) != 1 {
+		t.Fatalf("want exactly one %s, have %d", what, len(list))
+	}
+	return list[0]
+}
+
+func TestManifests(t *testing.T) {
+	m := load(t)
+	ns := one(t, "Namespace", m.namespaces).Name
+	sa := one(t, "ServiceAccount", m.serviceAccounts)
+	driver := one(t, "CSIDriver", m.drivers)
+	ds := one(t, "DaemonSet", m.daemonSets)
+
+	t.Run("namespaces and RBAC agree", func(t *testing.T) {
+		for what, got := range map[string]string{
+			"ServiceAccount": sa.Namespace, "DaemonSet": ds.Namespace,
+			"Role": one(t, "Role", m.roles).Namespace, "RoleBinding": one(t, "RoleBinding", m.roleBindings).Namespace,
+		} {
+			if got != ns {
+				t.Errorf("%s is in namespace %q, want %q", what, got, ns)
+			}
+		}
+		if ds.Spec.Template.Spec.ServiceAccountName != sa.Name {
+			t.Errorf("DaemonSet runs as %q, the ServiceAccount is %q", ds.Spec.Template.Spec.ServiceAccountName, sa.Name)
+		}
+		crb, rb := one(t, "ClusterRoleBinding", m.clusterRoleBindings), one(t, "RoleBinding", m.roleBindings)
+		if crb.RoleRef.Kind != "ClusterRole" || crb.RoleRef.Name != one(t, "ClusterRole", m.clusterRoles).Name {
+			t.Errorf("ClusterRoleBinding refers to %s %q", crb.RoleRef.Kind, crb.RoleRef.Name)
+		}
+		if rb.RoleRef.Kind != "Role" || rb.RoleRef.Name != m.roles[0].Name {
+			t.Errorf("RoleBinding refers to %s %q", rb.RoleRef.Kind, rb.RoleRef.Name)
+		}
+		for _, subjects := range [][]rbacv1.Subject{crb.Subjects, rb.Subjects} {
+			if len(subjects) != 1 || subjects[0].Kind != "ServiceAccount" || subjects[0].Name != sa.Name || subjects[0].Namespace != ns {
+				t.Errorf("binding subjects %+v, want the ServiceAccount %s/%s", subjects, ns, sa.Name)
+			}
+		}
+		if !grants(m.roles[0].Rules, "storage.k8s.io", "csistoragecapacities", "create") {
+			t.Error("the Role does not let the provisioner publish CSIStorageCapacity")
+		}
+		if !grants(m.clusterRoles[0].Rules, "", "persistentvolumes", "create") || !grants(m.clusterRoles[0].Rules, "", "persistentvolumeclaims/status", "patch") {
+			t.Error("the ClusterRole misses what the provisioner or resizer need")
+		}
+	})
+
+	t.Run("CSIDriver", func(t *testing.T) {
+		if driver.Name != csi.DefaultDriverName {
+			t.Errorf("CSIDriver %q, the binary's default driver name is %q", driver.Name, csi.DefaultDriverName)
+		}
+		if driver.Spec.AttachRequired == nil || *driver.Spec.AttachRequired {
+			t.Error("attachRequired must be false: there is no ControllerPublishVolume")
+		}
+		if driver.Spec.StorageCapacity == nil || !*driver.Spec.StorageCapacity {
+			t.Error("storageCapacity must be true: the provisioner publishes per-node capacity")
+		}
+	})
+
+	t.Run("StorageClasses", func(t *testing.T) {
+		defaults := 0
+		names := map[string]bool{}
+		for _, sc := range m.storageClasses {
+			names[sc.Name] = true
+			if sc.Provisioner != driver.Name {
+				t.Errorf("StorageClass %s: provisioner %q, want %q", sc.Name, sc.Provisioner, driver.Name)
+			}
+			if sc.VolumeBindingMode == nil || *sc.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer {
+				t.Errorf("StorageClass %s: volumes must be bound on the pod's node (WaitForFirstConsumer)", sc.Name)
+			}
+			if sc.AllowVolumeExpansion == nil || !*sc.AllowVolumeExpansion {
+				t.Errorf("StorageClass %s: allowVolumeExpansion must be true", sc.Name)
+			}
+			if err := csi.ValidateParameters(sc.Parameters); err != nil {
+				t.Errorf("StorageClass %s: the driver would refuse its parameters: %v", sc.Name, err)
+			}
+			if sc.Annotations["storageclass.kubernetes.io/is-default-class"] == "true" {
+				defaults++
+				if fs := sc.Parameters[csi.FSTypeParameter]; fs != "ext4" || sc.Parameters[csi.ParamProvisioning] == "thick" {
+					t.Errorf("default StorageClass %s is not thin ext4", sc.Name)
+				}
+			}
+		}
+		if defaults != 1 {
+			t.Errorf("%d default StorageClasses, want 1", defaults)
+		}
+		for _, want := range []string{"sparsevol-ext4", "sparsevol-xfs", "sparsevol-block", "sparsevol-thick"} {
+			if !names[want] {
+				t.Errorf("StorageClass %s is missing", want)
+			}
+		}
+	})
+
+	t.Run("DaemonSet", func(t *testing.T) { checkDaemonSet(t, ds, driver.Name) })
+	t.Run("Dockerfile", func(t *testing.T) { checkDockerfile(t, ds) })
+}
+
+func grants(rules []rbacv1.PolicyRule, group, resource, verb string) bool {
+	for _, r := range rules {
+		if slices.Contains(r.APIGroups, group) && slices.Contains(r.Resources, resource) && slices.Contains(r.Verbs, verb) {
+			return true
+		}
+	}
+	return false
+}
+
+func container(t *testing.T, ds *appsv1.DaemonSet, name string) *corev1.Container {
+	t.Helper()
+	for i := range ds.Spec.Template.Spec.Containers {
+		if c := &ds.Spec.Template.Spec.Containers[i]; c.Name == name {
+			return c
+		}
+	}
+	t.Fatalf("DaemonSet has no container %q", name)
+	return nil
+}
+
+// flagValue returns the value of --name=value in args.
+func flagValue(args []string, name string) (string, bool) {
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// mountOf returns the host path and mount of the volume mounted at path in c.
+func mountOf(t *testing.T, ds *appsv1.DaemonSet, c *corev1.Container, mountPath string) (string, corev1.VolumeMount) {
+	t.Helper()
+	for _, vm := range c.VolumeMounts {
+		if vm.MountPath != mountPath {
+			continue
+		}
+		for _, v := range ds.Spec.Template.Spec.Volumes {
+			if v.Name == vm.Name {
+				if v.HostPath == nil {
+					t.Fatalf("volume %s is not a hostPath", v.Name)
+				}
+				return v.HostPath.Path, vm
+			}
+		}
+		t.Fatalf("container %s mounts unknown volume %s", c.Name, vm.Name)
+	}
+	t.Fatalf("container %s mounts nothing at %s", c.Name, mountPath)
+	return "", corev1.VolumeMount{}
+}
+
+// expandEnv replaces $(VAR) with the container's literal env values;
+// fieldRef variables stay as they are.
+func expandEnv(c *corev1.Container, s string) string {
+	for _, e := range c.Env {
+		if e.ValueFrom == nil {
+			s = strings.ReplaceAll(s, "$("+e.Name+")", e.Value)
+		}
+	}
+	return s
+}
+
+// pluginCommand parses the plugin container's arguments with the real
+// cobra command tree, so any flag the manifest passes must exist.
+func pluginCommand(t *testing.T, c *corev1.Container) *cobra.Command {
+	t.Helper()
+	if len(c.Command) != 1 || path.Base(c.Command[0]) != "sparsevol" {
+		t.Fatalf("plugin command %q, want the sparsevol binary", c.Command)
+	}
+	args := make([]string, len(c.Args))
+	for i, a := range c.Args {
+		args[i] = expandEnv(c, a)
+	}
+	root, _ := cli.NewRootCommand(io.Discard, io.Discard)
+	cmd, rest, err := root.Find(args)
+	if err != nil {
+		t.Fatalf("args %q: %v", args, err)
+	}
+	if cmd.Name() != "csi" {
+		t.Fatalf("args %q run %q, not the csi command", args, cmd.CommandPath())
+	}
+	if err := cmd.ParseFlags(rest); err != nil {
+		t.Fatalf("args %q: %v", args, err)
+	}
+	if n := cmd.Flags().NArg(); n != 0 {
+		t.Fatalf("args %q leave %d positional arguments", args, n)
+	}
+	return cmd
+}
+
+func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, driverName string) {
+	plugin := container(t, ds, "sparsevol")
+	cmd := pluginCommand(t, plugin)
+	get := func(name string) string {
+		t.Helper()
+		v, err := cmd.Flags().GetString(name)
+		if err != nil {
+			t.Fatalf("flag --%s: %v", name, err)
+		}
+		return v
+	}
+
+	if plugin.SecurityContext == nil || plugin.SecurityContext.Privileged == nil || !*plugin.SecurityContext.Privileged {
+		t.Error("the plugin container must be privileged (loop devices, mounts)")
+	}
+	if got := get(cli.CSIFlagDriverName); got != driverName {
+		t.Errorf("plugin serves driver %q, CSIDriver is %q", got, driverName)
+	}
+	if get(cli.CSIFlagNodeID) != "$(NODE_NAME)" || !fieldRefEnv(plugin, "NODE_NAME", "spec.nodeName") {
+		t.Error("--node-id must be the node name from the downward API")
+	}
+
+	// The CSI socket: the plugin listens where every sidecar connects, in
+	// the directory kubelet is told about.
+	socket, err := csi.ParseEndpoint(get(cli.CSIFlagEndpoint))
+	if err != nil {
+		t.Fatal(err)
+	}
+	socketHostDir, _ := mountOf(t, ds, plugin, path.Dir(socket))
+	if want := "/var/lib/kubelet/plugins/" + driverName; socketHostDir != want {
+		t.Errorf("socket directory on the host is %s, want %s", socketHostDir, want)
+	}
+	for _, name := range []string{"csi-provisioner", "csi-resizer", "node-driver-registrar", "livenessprobe"} {
+		c := container(t, ds, name)
+		if !strings.HasPrefix(c.Image, "registry.k8s.io/sig-storage/"+name+":v") && !(name == "node-driver-registrar" && strings.HasPrefix(c.Image, "registry.k8s.io/sig-storage/csi-node-driver-registrar:v")) {
+			t.Errorf("%s image %q is not a pinned registry.k8s.io/sig-storage release", name, c.Image)
+		}
+		addr, ok := flagValue(c.Args, "csi-address")
+		if !ok {
+			t.Errorf("%s has no --csi-address", name)
+			continue
+		}
+		if addr != socket {
+			t.Errorf("%s connects to %s, the plugin listens on %s", name, addr, socket)
+		}
+		if hostDir, _ := mountOf(t, ds, c, path.Dir(addr)); hostDir != socketHostDir {
+			t.Errorf("%s sees the socket directory %s, the plugin %s", name, hostDir, socketHostDir)
+		}
+	}
+	reg := container(t, ds, "node-driver-registrar")
+	if got, _ := flagValue(reg.Args, "kubelet-registration-path"); got != path.Join(socketHostDir, path.Base(socket)) {
+		t.Errorf("registrar announces %s to kubelet, the socket is %s on the host", got, path.Join(socketHostDir, path.Base(socket)))
+	}
+	if hostDir, _ := mountOf(t, ds, reg, "/registration"); hostDir != "/var/lib/kubelet/plugins_registry" {
+		t.Errorf("registrar's /registration is %s on the host", hostDir)
+	}
+
+	// Kubelet's directory at the same path, with mounts propagating back.
+	kubeletHost, kubeletMount := mountOf(t, ds, plugin, "/var/lib/kubelet")
+	if kubeletHost != "/var/lib/kubelet" || kubeletMount.MountPropagation == nil || *kubeletMount.MountPropagation != corev1.MountPropagationBidirectional {
+		t.Error("the kubelet directory must be mounted at the same path with Bidirectional propagation")
+	}
+	if devHost, _ := mountOf(t, ds, plugin, "/dev"); devHost != "/dev" {
+		t.Error("the host's /dev must be mounted at /dev")
+	}
+	root := get("root")
+	if storeHost, _ := mountOf(t, ds, plugin, root); storeHost != root {
+		t.Errorf("the store --root %s is %s on the host; node mode and CSI mode must share one store path", root, storeHost)
+	}
+
+	// Health and metrics ports.
+	lp := container(t, ds, "livenessprobe")
+	endpoint, _ := flagValue(lp.Args, "http-endpoint")
+	if plugin.LivenessProbe == nil || plugin.LivenessProbe.HTTPGet == nil {
+		t.Fatal("the plugin container has no HTTP liveness probe")
+	}
+	if port := containerPort(t, plugin, plugin.LivenessProbe.HTTPGet.Port.String()); port != portOf(t, endpoint) {
+		t.Errorf("liveness probe checks port %d, livenessprobe serves %s", port, endpoint)
+	}
+	if port := containerPort(t, plugin, "metrics"); port != portOf(t, get(cli.CSIFlagMetrics)) {
+		t.Errorf("metrics port %d, plugin serves metrics on %s", port, get(cli.CSIFlagMetrics))
+	}
+
+	prov := container(t, ds, "csi-provisioner")
+	for _, want := range []string{"--node-deployment=true", "--enable-capacity=true"} {
+		if !slices.Contains(prov.Args, want) {
+			t.Errorf("csi-provisioner lacks %s", want)
+		}
+	}
+	for env, field := range map[string]string{"NODE_NAME": "spec.nodeName", "NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"} {
+		if !fieldRefEnv(prov, env, field) {
+			t.Errorf("csi-provisioner needs %s from %s", env, field)
+		}
+	}
+}
+
+func fieldRefEnv(c *corev1.Container, name, field string) bool {
+	for _, e := range c.Env {
+		if e.Name == name && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == field {
+			return true
+		}
+	}
+	return false
+}
+
+func containerPort(t *testing.T, c *corev1.Container, nameOrNumber string) int32 {
+	t.Helper()
+	for _, p := range c.Ports {
+		if p.Name == nameOrNumber || fmt.Sprint(p.ContainerPort) == nameOrNumber {
+			return p.ContainerPort
+		}
+	}
+	t.Fatalf("container %s has no port %s", c.Name, nameOrNumber)
+	return 0
+}
+
+func portOf(t *testing.T, addr string) int32 {
+	t.Helper()
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatalf("address %q: %v", addr, err)
+	}
+	var n int32
+	fmt.Sscan(port, &n)
+	return n
+}
+
+func checkDockerfile(t *testing.T, ds *appsv1.DaemonSet) {
+	data, err := os.ReadFile("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	plugin := container(t, ds, "sparsevol")
+	for _, want := range []string{
+		"./cmd/sparsevol",
+		"COPY --from=build /out/sparsevol " + plugin.Command[0],
+		"e2fsprogs", "xfsprogs", "util-linux",
+	} {
+		if !bytes.Contains(data, []byte(want)) {
+			t.Errorf("Dockerfile lacks %q", want)
+		}
+	}
+	if !strings.HasPrefix(plugin.Image, "ghcr.io/sparsevol/sparsevol:") || !bytes.Contains(data, []byte(strings.Split(plugin.Image, ":")[0])) {
+		t.Errorf("plugin image %q is not the one the Dockerfile documents", plugin.Image)
+	}
+}
