@@ -49,3 +49,12 @@ clean:
 # qemu (software emulation). Needs root, qemu-system-x86 and debootstrap.
 e2e:
 	$(GO) test -tags e2e -v -count=1 -timeout 60m ./test/vm/
+
+# The Kubernetes end-to-end test (test/k8s, see its README): a one-node
+# cluster (kubelet, control plane and etcd built from their Go modules and
+# cached under $${SPARSEVOL_K8S_CACHE:-/var/cache/sparsevol-k8s}, containerd
+# from Debian) in a VM made from test/vm's image; pods on node-mode and CSI
+# volumes across a reboot. Needs root, qemu-system-x86 and debootstrap.
+.PHONY: e2e-k8s
+e2e-k8s:
+	$(GO) test -tags e2e -v -count=1 -timeout 150m ./test/k8s/

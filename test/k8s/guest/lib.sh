@@ -1,0 +1,149 @@
+# Helpers of the guest steps (sourced by step.sh).
+set -u
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export KUBECONFIG=/etc/kubernetes/admin.kubeconfig
+NODE=$(hostname)
+DRIVER=sparsevol.csi.io
+STATE=/e2e/state # survives reboots (host share)
+mkdir -p "$STATE"
+
+k() { kubectl "$@"; }
+up() { cut -d' ' -f1 /proc/uptime; }
+log() { echo "[$(up)] $*"; }
+# fact KEY VALUE: recorded for the host in OUT/STEP.facts
+fact() { echo "$1=$2" >>"$OUT/$STEP.facts"; log "fact $1=$2"; }
+fail() { log "FAIL: $*"; exit 1; }
+boot_epoch() { date -d "$(uptime -s)" +%s; }
+
+# retry SECONDS CMD...: runs CMD every second until it succeeds.
+retry() {
+	local limit=$1 i
+	shift
+	for ((i = 0; i < limit; i++)); do
+		"$@" >/dev/null 2>&1 && return 0
+		sleep 1
+	done
+	"$@"
+}
+
+# uptime (seconds) at which an RFC 3339 timestamp of this boot happened.
+uptime_at() {
+	local t
+	t=$(date -d "$1" +%s) || return 1
+	echo $((t - $(boot_epoch)))
+}
+
+node_ready() {
+	[ "$(k get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
+}
+
+# pod_ready_this_boot POD: Ready, and its container started during this boot.
+pod_ready_this_boot() {
+	local ready started
+	ready=$(k get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)
+	started=$(k get pod "$1" -o jsonpath='{.status.containerStatuses[0].state.running.startedAt}' 2>/dev/null)
+	[ "$ready" = True ] && [ -n "$started" ] && [ "$(date -d "$started" +%s)" -ge "$(boot_epoch)" ]
+}
+
+# debug_pod POD: what a human needs when a pod is not where it should be.
+debug_pod() {
+	echo "---- pod $1"
+	k get pod "$1" -o wide 2>&1
+	echo "---- events of pod $1"
+	k get events --field-selector involvedObject.name="$1" -o custom-columns=LAST:.lastTimestamp,TYPE:.type,REASON:.reason,FROM:.source.component,MESSAGE:.message 2>&1 | tail -n 20
+	local claim
+	for claim in $(k get pod "$1" -o jsonpath='{.spec.volumes[*].persistentVolumeClaim.claimName}' 2>/dev/null); do
+		echo "---- events of pvc $claim"
+		k get events --field-selector involvedObject.name="$claim" -o custom-columns=TYPE:.type,REASON:.reason,FROM:.source.component,MESSAGE:.message 2>&1 | tail -n 10
+	done
+	echo "---- plugin log (sparsevol-csi, last 40 lines)"
+	journalctl -b --no-pager -u sparsevol-csi -n 40 2>&1
+	echo "---- kubelet log about volumes (last 20 lines)"
+	journalctl -b --no-pager -u kubelet 2>&1 | grep -iE 'volume|mount|csi' | tail -n 20
+}
+
+# pod_manifest NAME CLAIM MODE TOKEN: a busybox pod that writes TOKEN to its
+# volume on first start and only reads it back later (file /data/token in
+# filesystem mode, the first 32 bytes of /dev/xvda in block mode); ready once
+# the token on the volume is the expected one.
+pod_manifest() {
+	local name=$1 claim=$2 mode=$3 token=$4 script mount
+	if [ "$mode" = block ]; then
+		script='got=$(dd if=/dev/xvda bs=32 count=1 2>/dev/null); if [ "$got" = "$TOKEN" ]; then echo "found $got"; else echo "device held [$got]; writing"; printf %s "$TOKEN" | dd of=/dev/xvda bs=32 count=1 conv=fsync 2>/dev/null; fi; got=$(dd if=/dev/xvda bs=32 count=1 2>/dev/null); [ "$got" = "$TOKEN" ] && echo ok > /tmp/ok; trap "exit 0" TERM; while :; do sleep 3600 & wait $!; done'
+		mount="    volumeDevices:
+    - name: vol
+      devicePath: /dev/xvda"
+	else
+		script='if [ -f /data/token ]; then echo "found $(cat /data/token)"; else echo "$TOKEN" > /data/token; sync; echo wrote; fi; [ "$(cat /data/token)" = "$TOKEN" ] && echo ok > /tmp/ok; trap "exit 0" TERM; while :; do sleep 3600 & wait $!; done'
+		mount="    volumeMounts:
+    - name: vol
+      mountPath: /data"
+	fi
+	cat <<YAML
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $name
+spec:
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 5
+  containers:
+  - name: main
+    image: localhost/busybox:1
+    imagePullPolicy: Never
+    command: ["/bin/sh", "-c", $(printf '%s' "$script" | jq -Rs .)]
+    env:
+    - name: TOKEN
+      value: "$token"
+    readinessProbe:
+      exec:
+        command: ["cat", "/tmp/ok"]
+      periodSeconds: 2
+      initialDelaySeconds: 1
+$mount
+  volumes:
+  - name: vol
+    persistentVolumeClaim:
+      claimName: $claim
+YAML
+}
+
+# pvc_manifest NAME SC SIZE MODE [VOLUMENAME]
+pvc_manifest() {
+	cat <<YAML
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: $1
+spec:
+  storageClassName: $2
+  accessModes: [ReadWriteOnce]
+  volumeMode: $([ "$4" = block ] && echo Block || echo Filesystem)
+  resources:
+    requests:
+      storage: $3
+${5:+  volumeName: $5}
+YAML
+}
+
+new_token() { head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
+
+# wait_pod_ready POD SECONDS: waits, prints the pod's story on timeout.
+wait_pod_ready() {
+	local i
+	for ((i = 0; i < $2; i++)); do
+		pod_ready_this_boot "$1" && return 0
+		sleep 1
+	done
+	debug_pod "$1"
+	return 1
+}
+
+# read_token POD MODE: the token as the running pod sees it on its volume.
+read_token() {
+	if [ "$2" = block ]; then
+		k exec "$1" -- dd if=/dev/xvda bs=32 count=1 2>/dev/null
+	else
+		k exec "$1" -- cat /data/token
+	fi
+}

@@ -1,0 +1,249 @@
+# Step bodies: step_<name> (dashes become underscores). Each prints what it
+# does; facts go to OUT/STEP.facts; exit 0 means the step passed.
+
+# The cluster comes up (every boot): apiserver, node Ready, the plugin
+# registered with kubelet (CSINode lists the driver), objects of the test.
+step_cluster() {
+	retry 600 k get --raw /readyz || fail "apiserver not ready"
+	fact apiserver_ready_uptime "$(up)"
+	retry 600 node_ready || { k describe node "$NODE"; fail "node not Ready"; }
+	fact node_ready_uptime "$(up)"
+	# Native registration: kubelet lists the driver in CSINode.
+	if retry 180 sh -c "kubectl get csinode $NODE -o jsonpath='{.spec.drivers[*].name}' | grep -qw $DRIVER"; then
+		fact csinode_registered_uptime "$(up)"
+		k get csinode "$NODE" -o jsonpath='{.spec.drivers}'; echo
+	else
+		journalctl -b --no-pager -u sparsevol-csi | tail -n 30
+		journalctl -b --no-pager -u kubelet | grep -i plugin | tail -n 20
+		fail "the plugin did not register with kubelet"
+	fi
+	fact node_labels "$(k get node "$NODE" -o jsonpath='{.metadata.labels}')"
+	k apply -f - <<'YAML' || fail "apply test objects"
+apiVersion: storage.k8s.io/v1
+kind: CSIDriver
+metadata:
+  name: sparsevol.csi.io
+spec:
+  attachRequired: false
+  podInfoOnMount: false
+  storageCapacity: true
+  fsGroupPolicy: File
+  volumeLifecycleModes: [Persistent]
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: sparsevol
+provisioner: sparsevol.csi.io
+volumeBindingMode: WaitForFirstConsumer
+reclaimPolicy: Delete
+allowVolumeExpansion: true
+parameters:
+  csi.storage.k8s.io/fstype: ext4
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: local-static
+provisioner: kubernetes.io/no-provisioner
+volumeBindingMode: WaitForFirstConsumer
+YAML
+	retry 120 k get serviceaccount default || fail "no default service account"
+}
+
+# Node mode: a volume made by `sparsevol create`, a local PV from
+# `sparsevol pv`, a PVC and a pod that writes a token. s1's unit is disabled
+# (the seed's setup: nothing re-attaches it at boot); s2's stays enabled.
+node_mode_setup() {
+	local name=$1 enable=$2 uuid token
+	uuid=$(sparsevol create "$name" --size 64M) || fail "sparsevol create $name"
+	fact uuid "$uuid"
+	if [ "$enable" = no ]; then
+		systemctl disable "sparsevol@$uuid.service" || fail "disable unit"
+	fi
+	fact unit_enabled "$(systemctl is-enabled "sparsevol@$uuid.service" 2>&1)"
+	sparsevol pv "$name" --storage-class local-static --name "pv-$name" >"$STATE/pv-$name.yaml" || fail "sparsevol pv"
+	cat "$STATE/pv-$name.yaml"
+	k apply -f "$STATE/pv-$name.yaml" || fail "apply pv"
+	pvc_manifest "pvc-$name" local-static 64Mi fs "pv-$name" | k apply -f - || fail "apply pvc"
+	token=$(new_token)
+	echo "$token" >"$STATE/token-$name"
+	pod_manifest "pod-$name" "pvc-$name" fs "$token" | k apply -f - || fail "apply pod"
+	wait_pod_ready "pod-$name" 300 || fail "pod-$name not ready"
+	fact pod_ready_uptime "$(up)"
+	[ "$(read_token "pod-$name" fs)" = "$token" ] || fail "pod-$name does not read its token"
+	fact token "$token"
+	findmnt -n -o SOURCE,TARGET | grep -F "pv-$name" || true
+}
+
+step_s1_setup() { node_mode_setup s1 no; }
+step_s2_setup() { node_mode_setup s2 yes; }
+
+# After the reboot, s1 (unit disabled) is stuck, and kubelet says why.
+step_s1_check() {
+	local uuid i msg
+	uuid=$(sparsevol status s1 -o json | jq -r .uuid)
+	fact attached "$(sparsevol status s1 -o json | jq -r .attached)"
+	[ -e "/dev/disk/by-uuid/$uuid" ] && fail "the stable path exists although the unit was disabled"
+	for ((i = 0; i < 240; i++)); do
+		msg=$(k get events --field-selector involvedObject.name=pod-s1 -o jsonpath='{range .items[*]}{.message}{"\n"}{end}' 2>/dev/null |
+			grep -F "/dev/disk/by-uuid/$uuid" | grep -F 'does not exist' | tail -n 1)
+		[ -n "$msg" ] && break
+		sleep 1
+	done
+	debug_pod pod-s1
+	[ -n "$msg" ] || fail "no kubelet event saying /dev/disk/by-uuid/$uuid does not exist"
+	fact event_uptime "$(up)"
+	fact event "$msg"
+	pod_ready_this_boot pod-s1 && fail "pod-s1 is Ready without its volume"
+	fact phase "$(k get pod pod-s1 -o jsonpath='{.status.phase}')"
+	fact waiting_reason "$(k get pod pod-s1 -o jsonpath='{.status.containerStatuses[0].state.waiting.reason}')"
+	return 0
+}
+
+# After the reboot, s2 (unit enabled) is back with its data.
+step_s2_check() {
+	local token
+	token=$(cat "$STATE/token-s2")
+	wait_pod_ready pod-s2 600 || fail "pod-s2 not ready after the reboot"
+	fact pod_ready_uptime "$(uptime_at "$(k get pod pod-s2 -o jsonpath='{.status.conditions[?(@.type=="Ready")].lastTransitionTime}')")"
+	fact started_uptime "$(uptime_at "$(k get pod pod-s2 -o jsonpath='{.status.containerStatuses[0].state.running.startedAt}')")"
+	[ "$(read_token pod-s2 fs)" = "$token" ] || fail "pod-s2 lost its data"
+	fact data same
+	k logs pod-s2 | head -n 3
+	systemctl show -p ActiveEnterTimestampMonotonic "sparsevol@$(sparsevol status s2 -o json | jq -r .uuid).service"
+}
+
+# CSI mode: dynamically provisioned volumes (WaitForFirstConsumer), one
+# filesystem and one block.
+step_s3_setup() {
+	local mode token
+	for mode in fs block; do
+		pvc_manifest "csi-$mode" sparsevol 64Mi "$mode" | k apply -f - || fail "apply pvc csi-$mode"
+		token=$(new_token)
+		echo "$token" >"$STATE/token-csi-$mode"
+		pod_manifest "pod-csi-$mode" "csi-$mode" "$mode" "$token" | k apply -f - || fail "apply pod-csi-$mode"
+	done
+	for mode in fs block; do
+		wait_pod_ready "pod-csi-$mode" 300 || fail "pod-csi-$mode not ready"
+		fact "${mode}_ready_uptime" "$(up)"
+		[ "$(read_token "pod-csi-$mode" "$mode")" = "$(cat "$STATE/token-csi-$mode")" ] || fail "pod-csi-$mode does not read its token"
+		fact "${mode}_volume" "$(k get pv "$(k get pvc "csi-$mode" -o jsonpath='{.spec.volumeName}')" -o jsonpath='{.spec.csi.volumeHandle}')"
+	done
+	sparsevol list
+}
+
+step_s3_check() {
+	local mode rc=0
+	for mode in fs block; do
+		if ! wait_pod_ready "pod-csi-$mode" 600; then
+			log "pod-csi-$mode not ready after the reboot"
+			rc=1
+			continue
+		fi
+		fact "${mode}_ready_uptime" "$(uptime_at "$(k get pod "pod-csi-$mode" -o jsonpath='{.status.conditions[?(@.type=="Ready")].lastTransitionTime}')")"
+		if [ "$(read_token "pod-csi-$mode" "$mode")" = "$(cat "$STATE/token-csi-$mode")" ]; then
+			fact "${mode}_data" same
+		else
+			log "pod-csi-$mode lost its data"
+			rc=1
+		fi
+	done
+	return $rc
+}
+
+# Node expansion without external-resizer: the test plays the resizer's
+# part for a volume whose plugin needs no controller-side work (it does the
+# file, loop and filesystem growth at NodeExpandVolume): raise the PVC, set
+# the PV's capacity and mark the claim as waiting for the node, then
+# kubelet calls NodeExpandVolume and records the new size.
+step_s3_expand() {
+	local pv before after i
+	pv=$(k get pvc csi-fs -o jsonpath='{.spec.volumeName}')
+	before=$(k exec pod-csi-fs -- df -k /data | awk 'NR==2{print $2}')
+	fact size_before_kib "$before"
+	k patch pvc csi-fs --type merge -p '{"spec":{"resources":{"requests":{"storage":"128Mi"}}}}' || fail "raise pvc"
+	k patch pv "$pv" --type merge -p '{"spec":{"capacity":{"storage":"128Mi"}}}' || fail "raise pv capacity"
+	k patch pvc csi-fs --subresource=status --type merge -p '{"status":{"allocatedResources":{"storage":"128Mi"},"allocatedResourceStatuses":{"storage":"NodeResizePending"}}}' || fail "mark pvc NodeResizePending"
+	for ((i = 0; i < 180; i++)); do
+		after=$(k exec pod-csi-fs -- df -k /data 2>/dev/null | awk 'NR==2{print $2}')
+		[ -n "$after" ] && [ "$after" -gt $((before + 32768)) ] && break
+		sleep 1
+	done
+	fact size_after_kib "${after:-?}"
+	k get pvc csi-fs -o jsonpath='{.status}'; echo
+	if ! [ -n "$after" ] || ! [ "$after" -gt $((before + 32768)) ]; then
+		debug_pod pod-csi-fs
+		fail "the filesystem did not grow"
+	fi
+	fact pvc_capacity "$(k get pvc csi-fs -o jsonpath='{.status.capacity.storage}')"
+}
+
+# Capacity: CSIStorageCapacity for the node and the class; a claim larger
+# than the node can give stays Pending, with a clear event, and nothing is
+# created on disk.
+step_s4_capacity() {
+	local i n files_before files_after msg
+	for ((i = 0; i < 180; i++)); do
+		n=$(k get csistoragecapacities -A -o json | jq '[.items[] | select(.storageClassName=="sparsevol")] | length')
+		[ "${n:-0}" -gt 0 ] && break
+		sleep 1
+	done
+	k get csistoragecapacities -A -o yaml
+	[ "${n:-0}" -gt 0 ] || fail "no CSIStorageCapacity for storage class sparsevol"
+	fact capacity_objects "$n"
+	fact capacity "$(k get csistoragecapacities -A -o json | jq -r '[.items[] | select(.storageClassName=="sparsevol")][0].capacity')"
+	fact capacity_topology "$(k get csistoragecapacities -A -o json | jq -c '[.items[] | select(.storageClassName=="sparsevol")][0].nodeTopology')"
+	files_before=$(ls -A /var/lib/sparsevol | sort | tr '\n' ' ')
+	pvc_manifest csi-huge sparsevol 100Ti fs | k apply -f - || fail "apply pvc"
+	pod_manifest pod-huge csi-huge fs "$(new_token)" | k apply -f - || fail "apply pod"
+	for ((i = 0; i < 120; i++)); do
+		msg=$(k get events --field-selector involvedObject.name=pod-huge -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' 2>/dev/null | grep -i 'storage' | tail -n 1)
+		[ -n "$msg" ] && break
+		sleep 1
+	done
+	debug_pod pod-huge
+	[ -n "$msg" ] || fail "no scheduling event about storage for pod-huge"
+	fact event "$msg"
+	sleep 10
+	fact pvc_phase "$(k get pvc csi-huge -o jsonpath='{.status.phase}')"
+	fact pod_phase "$(k get pod pod-huge -o jsonpath='{.status.phase}')"
+	[ "$(k get pvc csi-huge -o jsonpath='{.status.phase}')" = Pending ] || fail "csi-huge is not Pending"
+	files_after=$(ls -A /var/lib/sparsevol | sort | tr '\n' ' ')
+	fact store_unchanged "$([ "$files_before" = "$files_after" ] && echo yes || echo "no: [$files_before] -> [$files_after]")"
+	[ "$files_before" = "$files_after" ] || fail "the store changed: [$files_before] -> [$files_after]"
+	k delete pod pod-huge --wait=true --timeout=60s
+	k delete pvc csi-huge --wait=true --timeout=60s
+}
+
+# Cleanup: deleting pods, claims and volumes leaves no loop device, file or
+# unit.
+step_s5_cleanup() {
+	local i left
+	k delete pod --all --wait=true --timeout=120s || fail "delete pods"
+	k delete pvc --all --wait=false || fail "delete pvcs"
+	k delete pv pv-s1 pv-s2 --wait=true --timeout=60s || true
+	# kubelet unmounts a little after the pod objects are gone.
+	for v in s1 s2; do
+		retry 120 sh -c "! sparsevol status $v >/dev/null 2>&1 || sparsevol delete $v" || fail "sparsevol delete $v"
+	done
+	for ((i = 0; i < 180; i++)); do
+		left=$(k get pv -o name 2>/dev/null)
+		[ -z "$left" ] && break
+		sleep 1
+	done
+	[ -z "$left" ] || { k get pv -o wide; journalctl -b --no-pager -u csi-provisioner | tail -n 20; fail "PVs left: $left"; }
+	fact pvs_left none
+	echo "---- losetup"; losetup -l -n
+	echo "---- store"; ls -la /var/lib/sparsevol
+	echo "---- units"; systemctl list-units --all --no-legend --plain 'sparsevol@*'; ls /etc/systemd/system/multi-user.target.wants/ | grep sparsevol || true
+	echo "---- sparsevol list"; sparsevol list
+	[ -z "$(losetup -l -n)" ] || fail "loop devices left"
+	fact loops_left none
+	[ -z "$(ls /var/lib/sparsevol | grep -v '^\.')" ] || fail "files left in the store"
+	fact files_left none
+	[ -z "$(systemctl list-units --all --no-legend --plain 'sparsevol@*')" ] || fail "units left loaded"
+	ls /etc/systemd/system/*.wants/ 2>/dev/null | grep -q 'sparsevol@' && fail "units left enabled"
+	fact units_left none
+	return 0
+}

@@ -1,0 +1,10 @@
+#!/bin/sh
+# Mounts the host's share and hands over to the driver it contains.
+modprobe 9pnet_virtio 2>/dev/null
+mkdir -p /e2e
+if ! mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 e2e /e2e; then
+	echo "e2e-k8s: cannot mount the host share; powering off" >&2
+	systemctl --no-block poweroff
+	exit 1
+fi
+exec /bin/bash /e2e/guest/driver.sh
