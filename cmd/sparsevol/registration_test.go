@@ -104,3 +104,15 @@ func TestCSIKubeletRegistration(t *testing.T) {
 		}
 	}
 }
+
+// The registrar's flag of the same name takes the CSI socket; given that
+// here, the plugin refuses (exit 2) instead of replacing its own socket.
+func TestCSIKubeletRegistrationRefusesCSISocket(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "csi.sock")
+	r := sparsevol(t, dir, nil, "csi", "--endpoint", "unix://"+sock, "--node-id", "n",
+		"--kubelet-registration-path", sock)
+	if r.code != 2 || !strings.Contains(r.stderr, "plugins_registry") {
+		t.Fatalf("exit %d, stderr %q; want exit 2 naming kubelet's plugin registry", r.code, r.stderr)
+	}
+}

@@ -95,7 +95,14 @@ next to csi-provisioner --node-deployment (see deploy/kubernetes).`,
 				if err != nil {
 					return usageError{err}
 				}
-				rl, err := kubelet.Listen(kubelet.SocketPath(registration, driverName))
+				regSocket := kubelet.SocketPath(registration, driverName)
+				if regSocket == socket {
+					// node-driver-registrar's flag of this name is the CSI
+					// socket; here it is kubelet's plugins_registry.
+					return usagef("--%s %s is the CSI socket; give kubelet's plugin registry (%s/) or a socket in it",
+						CSIFlagKubeletRegistration, registration, kubelet.DefaultRegistrationDir)
+				}
+				rl, err := kubelet.Listen(regSocket)
 				if err != nil {
 					return err
 				}

@@ -294,7 +294,7 @@ func newRun(t *testing.T, cfg config, img nodeImage, binDir string) *run {
 	}
 	r := &run{cfg: cfg, img: img, dir: dir, root: filepath.Join(dir, "root.img"), share: filepath.Join(dir, "share"), results: map[string]*bootResult{}}
 	logf(t, "run directory: %s", dir)
-	for _, d := range []string{"boot", "state", "out", "guest"} {
+	for _, d := range []string{"boot", "state", "out", "guest", "deploy"} {
 		os.RemoveAll(filepath.Join(r.share, d))
 		if err := os.MkdirAll(filepath.Join(r.share, d), 0o755); err != nil {
 			t.Fatal(err)
@@ -315,6 +315,11 @@ func newRun(t *testing.T, cfg config, img nodeImage, binDir string) *run {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, m := range []string{"csidriver.yaml", "storageclasses.yaml"} {
+		if err := copyFile(filepath.Join(cfg.repo, "deploy/kubernetes", m), filepath.Join(r.share, "deploy", m), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	mnt := filepath.Join(dir, "mnt")
 	os.MkdirAll(mnt, 0o755)

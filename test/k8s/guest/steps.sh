@@ -18,29 +18,9 @@ step_cluster() {
 		fail "the plugin did not register with kubelet"
 	fi
 	fact node_labels "$(k get node "$NODE" -o jsonpath='{.metadata.labels}')"
+	# The project's own CSIDriver and StorageClasses (deploy/kubernetes).
+	k apply -f /e2e/deploy/csidriver.yaml -f /e2e/deploy/storageclasses.yaml || fail "apply deploy/kubernetes manifests"
 	k apply -f - <<'YAML' || fail "apply test objects"
-apiVersion: storage.k8s.io/v1
-kind: CSIDriver
-metadata:
-  name: sparsevol.csi.io
-spec:
-  attachRequired: false
-  podInfoOnMount: false
-  storageCapacity: true
-  fsGroupPolicy: File
-  volumeLifecycleModes: [Persistent]
----
-apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata:
-  name: sparsevol
-provisioner: sparsevol.csi.io
-volumeBindingMode: WaitForFirstConsumer
-reclaimPolicy: Delete
-allowVolumeExpansion: true
-parameters:
-  csi.storage.k8s.io/fstype: ext4
----
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
 metadata:
@@ -115,11 +95,12 @@ step_s2_check() {
 }
 
 # CSI mode: dynamically provisioned volumes (WaitForFirstConsumer), one
-# filesystem and one block.
+# filesystem and one block, through deploy/kubernetes' StorageClasses.
+sc_of() { [ "$1" = block ] && echo sparsevol-block || echo sparsevol-ext4; }
 step_s3_setup() {
 	local mode token
 	for mode in fs block; do
-		pvc_manifest "csi-$mode" sparsevol 64Mi "$mode" | k apply -f - || fail "apply pvc csi-$mode"
+		pvc_manifest "csi-$mode" "$(sc_of "$mode")" 64Mi "$mode" | k apply -f - || fail "apply pvc csi-$mode"
 		token=$(new_token)
 		echo "$token" >"$STATE/token-csi-$mode"
 		pod_manifest "pod-csi-$mode" "csi-$mode" "$mode" "$token" | k apply -f - || fail "apply pod-csi-$mode"
@@ -185,17 +166,17 @@ step_s3_expand() {
 step_s4_capacity() {
 	local i n files_before files_after msg
 	for ((i = 0; i < 180; i++)); do
-		n=$(k get csistoragecapacities -A -o json | jq '[.items[] | select(.storageClassName=="sparsevol")] | length')
+		n=$(k get csistoragecapacities -A -o json | jq '[.items[] | select(.storageClassName=="sparsevol-ext4")] | length')
 		[ "${n:-0}" -gt 0 ] && break
 		sleep 1
 	done
 	k get csistoragecapacities -A -o yaml
-	[ "${n:-0}" -gt 0 ] || fail "no CSIStorageCapacity for storage class sparsevol"
+	[ "${n:-0}" -gt 0 ] || fail "no CSIStorageCapacity for storage class sparsevol-ext4"
 	fact capacity_objects "$n"
-	fact capacity "$(k get csistoragecapacities -A -o json | jq -r '[.items[] | select(.storageClassName=="sparsevol")][0].capacity')"
-	fact capacity_topology "$(k get csistoragecapacities -A -o json | jq -c '[.items[] | select(.storageClassName=="sparsevol")][0].nodeTopology')"
+	fact capacity "$(k get csistoragecapacities -A -o json | jq -r '[.items[] | select(.storageClassName=="sparsevol-ext4")][0].capacity')"
+	fact capacity_topology "$(k get csistoragecapacities -A -o json | jq -c '[.items[] | select(.storageClassName=="sparsevol-ext4")][0].nodeTopology')"
 	files_before=$(ls -A /var/lib/sparsevol | sort | tr '\n' ' ')
-	pvc_manifest csi-huge sparsevol 100Ti fs | k apply -f - || fail "apply pvc"
+	pvc_manifest csi-huge sparsevol-ext4 100Ti fs | k apply -f - || fail "apply pvc"
 	pod_manifest pod-huge csi-huge fs "$(new_token)" | k apply -f - || fail "apply pod"
 	for ((i = 0; i < 120; i++)); do
 		msg=$(k get events --field-selector involvedObject.name=pod-huge -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' 2>/dev/null | grep -i 'storage' | tail -n 1)
