@@ -144,8 +144,8 @@ step_s3_expand() {
 	before=$(k exec pod-csi-fs -- df -k /data | awk 'NR==2{print $2}')
 	fact size_before_kib "$before"
 	k patch pvc csi-fs --type merge -p '{"spec":{"resources":{"requests":{"storage":"128Mi"}}}}' || fail "raise pvc"
-	k patch pv "$pv" --type merge -p '{"spec":{"capacity":{"storage":"128Mi"}}}' || fail "raise pv capacity"
 	k patch pvc csi-fs --subresource=status --type merge -p '{"status":{"allocatedResources":{"storage":"128Mi"},"allocatedResourceStatuses":{"storage":"NodeResizePending"}}}' || fail "mark pvc NodeResizePending"
+	k patch pv "$pv" --type merge -p '{"spec":{"capacity":{"storage":"128Mi"}}}' || fail "raise pv capacity"
 	for ((i = 0; i < 180; i++)); do
 		after=$(k exec pod-csi-fs -- df -k /data 2>/dev/null | awk 'NR==2{print $2}')
 		[ -n "$after" ] && [ "$after" -gt $((before + 32768)) ] && break
