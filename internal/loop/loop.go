@@ -168,6 +168,12 @@ func attachFree(control int, backing *os.File, want FileID, opts AttachOptions) 
 	if err != nil {
 		return nil, fmt.Errorf("LOOP_CTL_GET_FREE: %w", err)
 	}
+	return bindNumber(n, backing, want, opts)
+}
+
+// bindNumber binds backing to /dev/loopN, which the caller believes free,
+// and verifies the result; EBUSY means someone else bound it first.
+func bindNumber(n int, backing *os.File, want FileID, opts AttachOptions) (*Device, error) {
 	path := devicePath(n)
 	mode := unix.O_RDWR
 	if opts.ReadOnly {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"sort"
@@ -132,6 +133,7 @@ func (s *Store) AttachAll(ctx context.Context) ([]*Status, error) {
 	var errs []error
 	var out []*Status
 	attached := make(map[*Volume]*loop.Device)
+	var unbound []*Volume
 	for _, lv := range locked {
 		// Re-read under the lock: another process may have changed it.
 		v, err := s.readMeta(lv.uuid)
@@ -150,15 +152,15 @@ func (s *Store) AttachAll(ctx context.Context) ([]*Status, error) {
 			errs = append(errs, fmt.Errorf("attach %s: %w", v.Name, err))
 			continue
 		}
-		dev := byFile[id]
-		if dev == nil {
-			if dev, err = s.bind(v); err != nil {
-				errs = append(errs, err)
-				continue
-			}
+		if dev := byFile[id]; dev != nil {
+			attached[v] = dev
+		} else {
+			unbound = append(unbound, v)
 		}
-		attached[v] = dev
 	}
+	bound, bindErrs := s.bindMany(unbound) // batch.go: parallel binds
+	maps.Copy(attached, bound)
+	errs = append(errs, bindErrs...)
 	// Wait for udev once for all, not volume by volume.
 	for v, dev := range attached {
 		if err := s.finishAttach(ctx, v, dev); err != nil {
