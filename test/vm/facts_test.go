@@ -18,7 +18,7 @@ import (
 type kubeletView struct {
 	ran    bool
 	uptime string
-	links  map[string]string // "by-uuid/<uuid>" -> link target
+	links  map[string]string // "/dev/disk/by-uuid/<uuid>" (and /dev/sparsevol/*) -> link target
 	units  map[string]string // "sparsevol@<uuid>.service" -> active state
 	loops  map[string]string // backing file -> /dev/loopN
 	rawErr string

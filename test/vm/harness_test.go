@@ -27,10 +27,11 @@ type config struct {
 	keep        bool          // keep the run directory even when everything passed
 	memMiB      int           // guest memory
 	cpus        int           // guest CPUs
-	bootTimeout time.Duration // one boot, from qemu start to its exit
+	bootTimeout time.Duration // one boot, from qemu start to its exit (0: from the steps' limits)
 	only        map[string]bool
 	scaleCount  int
 	scaleSize   string
+	scaleGuest  bool   // create the scale set in the guest instead of offline
 	repo        string // repository root (where `make install` runs)
 }
 
@@ -66,9 +67,10 @@ func loadConfig(t *testing.T) config {
 		keep:        os.Getenv("SPARSEVOL_E2E_KEEP") != "",
 		memMiB:      envInt(t, "SPARSEVOL_E2E_MEM", 1024),
 		cpus:        envInt(t, "SPARSEVOL_E2E_CPUS", 2),
-		bootTimeout: time.Duration(envInt(t, "SPARSEVOL_E2E_BOOT_TIMEOUT", 900)) * time.Second,
+		bootTimeout: time.Duration(envInt(t, "SPARSEVOL_E2E_BOOT_TIMEOUT", 0)) * time.Second,
 		scaleCount:  envInt(t, "SPARSEVOL_E2E_SCALE", 100),
 		scaleSize:   env("SPARSEVOL_E2E_SCALE_SIZE", "16M"),
+		scaleGuest:  os.Getenv("SPARSEVOL_E2E_SCALE_IN_GUEST") != "",
 		repo:        repo,
 	}
 	if only := os.Getenv("SPARSEVOL_E2E_ONLY"); only != "" {
@@ -137,15 +139,17 @@ func requireHost(t *testing.T) {
 // run is one execution of the test: a private copy of the base image with
 // sparsevol installed, a disk for the store scenario, and the 9p share.
 type run struct {
-	cfg     config
-	img     image
-	dir     string
-	root    string // root disk, a sparse copy of the base image
-	store   string // second disk, for scenario 4
-	share   string // exported to the guest as /e2e
-	results map[string]*bootResult
-	order   []string
-	figures []string
+	cfg      config
+	img      image
+	dir      string
+	root     string // root disk, a sparse copy of the base image
+	store    string // second disk, for scenario 4
+	share    string // exported to the guest as /e2e
+	results  map[string]*bootResult
+	order    []string
+	figures  []string
+	scale    *scaleSet
+	scaleErr error
 }
 
 func newRun(t *testing.T, cfg config, img image, install bool) *run {
@@ -296,6 +300,8 @@ type bootSpec struct {
 	name  string
 	steps []stepSpec
 	next  string // reboot | poweroff | kill
+	// after runs on the host once the boot ended, before the next one.
+	after func(t *testing.T, r *run)
 }
 
 type stepSpec struct {
@@ -356,7 +362,8 @@ func (r *run) boot(t *testing.T, spec bootSpec) *bootResult {
 		"-serial", "file:" + res.console,
 		"-kernel", r.img.Kernel,
 		"-initrd", r.img.Initrd,
-		"-append", "root=/dev/vda rw console=ttyS0 panic=-1",
+		// No CPU-bug mitigations: they only slow the emulated CPU down.
+		"-append", "root=/dev/vda rw console=ttyS0 panic=-1 mitigations=off",
 		"-drive", "file=" + r.root + ",if=virtio,format=raw,cache=writeback",
 		"-drive", "file=" + r.store + ",if=virtio,format=raw,cache=writeback",
 		"-virtfs", "local,path=" + r.share + ",mount_tag=e2e,security_model=none,id=e2e",
@@ -380,7 +387,15 @@ func (r *run) boot(t *testing.T, spec bootSpec) *bootResult {
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	killMarker := filepath.Join(res.outDir, "kill-me")
-	deadline := time.After(r.cfg.bootTimeout)
+	timeout := r.cfg.bootTimeout
+	if timeout == 0 {
+		// Boot and shutdown, plus every step's own limit.
+		timeout = 4 * time.Minute
+		for _, s := range spec.steps {
+			timeout += s.timeout
+		}
+	}
+	deadline := time.After(timeout)
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 wait:
@@ -403,7 +418,7 @@ wait:
 		case <-deadline:
 			cmd.Process.Signal(syscall.SIGKILL)
 			<-exited
-			res.err = fmt.Errorf("boot %s timed out after %s", spec.name, r.cfg.bootTimeout)
+			res.err = fmt.Errorf("boot %s timed out after %s", spec.name, timeout)
 			break wait
 		}
 	}
@@ -436,4 +451,21 @@ func stepNames(steps []stepSpec) string {
 		names = append(names, s.name)
 	}
 	return strings.Join(names, " ")
+}
+
+// pruneCache removes images of other keys (older recipes or package lists)
+// and unfinished builds, so the cache holds one image.
+func pruneCache(t *testing.T, cfg config, keep string) {
+	entries, err := os.ReadDir(cfg.cache)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		name := strings.TrimSuffix(e.Name(), ".partial")
+		if !e.IsDir() || filepath.Join(cfg.cache, e.Name()) == keep || len(name) != 16 || strings.Trim(name, "0123456789abcdef") != "" {
+			continue
+		}
+		logf(t, "image: removing old cache entry %s", e.Name())
+		os.RemoveAll(filepath.Join(cfg.cache, e.Name()))
+	}
 }

@@ -23,7 +23,7 @@ import (
 
 const (
 	suite       = "bookworm"
-	imageSize   = "4G"
+	imageSize   = "8G"
 	imageRecipe = "v1"
 )
 

@@ -27,6 +27,7 @@ while read -r step limit; do
 done <"$E2E/boot/steps"
 
 next=$(cat "$E2E/boot/next")
+journalctl -b -o short-monotonic --no-pager >"$OUT/journal-end.txt" 2>&1
 sync
 echo "$next" >"$OUT/done"
 case "$next" in

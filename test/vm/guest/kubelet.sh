@@ -5,7 +5,7 @@
 d=/run/e2e-kubelet
 mkdir -p "$d"
 cat /proc/uptime > "$d/uptime"
-find /dev/disk -mindepth 2 -maxdepth 2 -printf '%P %l\n' > "$d/disk-links" 2>/dev/null
+find /dev/disk /dev/sparsevol -mindepth 1 -maxdepth 2 ! -type d -printf '%p %l\n' > "$d/disk-links" 2>/dev/null
 systemctl list-units --all --plain --no-legend --no-pager 'sparsevol@*' > "$d/units" 2>&1
 losetup --list --noheadings --raw --output NAME,BACK-FILE > "$d/loops" 2>&1
 exit 0

@@ -96,6 +96,7 @@ status_facts() {
 	fact "$p.backingFile" "$(jq -r '.backingFile // ""' <<<"$j")"
 	vset "$name" backing "$(jq -r '.backingFile // ""' <<<"$j")"
 	vset "$name" device "$(jq -r '.device // ""' <<<"$j")"
+	vset "$name" stable "$(jq -r '.stablePath // ""' <<<"$j")"
 }
 
 # fs_facts NAME DEVICE: identity of the filesystem on DEVICE.
@@ -122,6 +123,7 @@ write_data() {
 	dev=$(vget "$name" device)
 	link=$(link_of "$name")
 	[ -n "$link" ] && fact "$name.linkAtCreate" "$(yesno test -e "$link")"
+	fact "$name.stableAtCreate" "$(yesno test -e "$(vget "$name" stable)")"
 	head -c 4M /dev/urandom >/tmp/e2e-data
 	sha=$(sha256sum </tmp/e2e-data | cut -d' ' -f1)
 	case $kind in
@@ -186,10 +188,10 @@ gone_facts() {
 	backing=$(vget "$name" backing)
 	fact "$p.unitActive" "$(systemctl is-active "sparsevol@$uuid.service")"
 	fact "$p.unitEnabled" "$(systemctl is-enabled "sparsevol@$uuid.service" 2>&1)"
-	fact "$p.unitLinks" "$(find /etc/systemd /run/systemd/system /usr/local/lib/systemd -name "sparsevol@$uuid.service" 2>/dev/null | oneline)"
+	fact "$p.unitLinks" "$(find /etc/systemd /run/systemd/system /usr/local/lib/systemd -name "sparsevol@$uuid.service*" 2>/dev/null | oneline)"
 	fact "$p.fileExists" "$(yesno test -e "$backing")"
 	fact "$p.storeFiles" "$(ls -a "$(dirname "$backing")" 2>/dev/null | grep -F "$uuid" | oneline)"
 	fact "$p.loops" "$(losetup --list --noheadings --raw --output NAME,BACK-FILE | grep -F "$uuid" | oneline)"
-	fact "$p.links" "$(find /dev/disk -name "*$uuid*" 2>/dev/null | oneline)"
+	fact "$p.links" "$(find /dev/disk /dev/sparsevol -name "*$uuid*" 2>/dev/null | oneline)"
 	fact "$p.listed" "$(sv "$name" list -o json | jq -r --arg u "$uuid" '[.[] | select(.uuid == $u)] | length')"
 }

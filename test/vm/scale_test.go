@@ -1,0 +1,108 @@
+//go:build e2e
+
+package vm
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// scaleSet is the scenario 7 volume set: names in order and their UUIDs.
+type scaleSet struct {
+	names   []string
+	uuids   map[string]string
+	created time.Duration
+	where   string
+}
+
+// provisionScale creates the scale set offline, between two boots: the
+// image's own sparsevol binary runs in a chroot of the root disk while the
+// VM is down: `sparsevol create NAME --size SIZE --no-start`.
+// The engine writes everything it writes on a node (backing file, metadata,
+// the unit's drop-in) and enables the unit through systemctl, which
+// SYSTEMD_OFFLINE=1 turns into the symlink-only mode image builders use. The
+// result on disk is what 100 creates on the node leave; it takes seconds
+// instead of the ~10 s each create costs in the emulated guest (two systemd
+// reloads per create). The loop device create formats through is one of
+// the host's, so /dev and /sys are the host's inside the chroot.
+func (r *run) provisionScale(t *testing.T) (*scaleSet, error) {
+	mnt := filepath.Join(r.dir, "mnt")
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		return nil, err
+	}
+	if err := runCmd("mount", "-o", "loop", r.root, mnt); err != nil {
+		return nil, err
+	}
+	var undo []func() error
+	defer func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			if err := undo[i](); err != nil {
+				t.Errorf("scale provisioning cleanup: %v", err)
+			}
+		}
+	}()
+	undo = append(undo, func() error { return runCmd("umount", mnt) })
+	// systemd.Running() in the engine looks for /run/systemd/system; the
+	// image's /run is an empty directory under the guest's tmpfs.
+	runSystemd := filepath.Join(mnt, "run/systemd")
+	if _, err := os.Stat(runSystemd); os.IsNotExist(err) {
+		if err := os.MkdirAll(filepath.Join(runSystemd, "system"), 0o755); err != nil {
+			return nil, err
+		}
+		undo = append(undo, func() error { return os.RemoveAll(runSystemd) })
+	}
+	for _, m := range []struct{ args []string }{
+		{[]string{"--bind", "/dev", filepath.Join(mnt, "dev")}},
+		{[]string{"-t", "proc", "proc", filepath.Join(mnt, "proc")}},
+		{[]string{"-t", "sysfs", "sysfs", filepath.Join(mnt, "sys")}},
+	} {
+		if err := runCmd("mount", m.args...); err != nil {
+			return nil, err
+		}
+		target := m.args[len(m.args)-1]
+		undo = append(undo, func() error { return runCmd("umount", target) })
+	}
+
+	set := &scaleSet{uuids: map[string]string{}, where: "host, offline in a chroot of the image"}
+	start := time.Now()
+	for i := 1; i <= r.cfg.scaleCount; i++ {
+		name := fmt.Sprintf("s7-%03d", i)
+		var out, errOut bytes.Buffer
+		cmd := exec.Command("chroot", mnt, "/usr/local/bin/sparsevol", "create", name,
+			"--size", r.cfg.scaleSize, "--no-start")
+		cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "SYSTEMD_OFFLINE=1", "LC_ALL=C"}
+		cmd.Stdout = &out
+		cmd.Stderr = &errOut
+		if err := cmd.Run(); err != nil {
+			return set, fmt.Errorf("chroot sparsevol create %s: %v: %s", name, err, strings.TrimSpace(errOut.String()))
+		}
+		uuid := strings.TrimSpace(out.String())
+		if _, err := os.Lstat(filepath.Join(mnt, "etc/systemd/system/multi-user.target.wants/sparsevol@"+uuid+".service")); err != nil {
+			return set, fmt.Errorf("create %s (%s) did not enable its unit: %v", name, uuid, err)
+		}
+		set.names = append(set.names, name)
+		set.uuids[name] = uuid
+	}
+	set.created = time.Since(start)
+	return set, nil
+}
+
+// scaleFromGuest reads the set created in the guest (SPARSEVOL_E2E_SCALE_IN_GUEST).
+func scaleFromGuest(b *bootResult) *scaleSet {
+	set := &scaleSet{uuids: map[string]string{}, where: "guest, sparsevol create"}
+	for _, n := range strings.Fields(b.facts["s7.volumes"]) {
+		set.names = append(set.names, n)
+		set.uuids[n] = b.facts[n+".uuid"]
+	}
+	if ms, err := strconv.Atoi(b.facts["s7.createMs"]); err == nil {
+		set.created = time.Duration(ms) * time.Millisecond
+	}
+	return set
+}
