@@ -67,7 +67,7 @@ func mountEntries() []mountEntry {
 	defer f.Close()
 	var out []mountEntry
 	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	sc.Buffer(make([]byte, 4096), 1024*1024) // grows for long lines
 	for sc.Scan() {
 		// id parent major:minor root mountpoint ...
 		fields := strings.Fields(sc.Text())
