@@ -28,6 +28,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -324,7 +325,7 @@ func (b *builder) build(ctx context.Context, g group) error {
 		return fmt.Errorf("%s: %w", g.name, err)
 	}
 	for _, n := range sortedKeys(g.pkgs) {
-		built := filepath.Join(outDir, filepath.Base(g.pkgs[n]))
+		built := filepath.Join(outDir, BinaryName(g.pkgs[n]))
 		if err := os.Rename(built, filepath.Join(b.tmp, "bin", n)); err != nil {
 			return fmt.Errorf("%s: %w", g.name, err)
 		}
@@ -426,6 +427,16 @@ func WrapperGoMod(module, root, version string, rootGoMod []byte, staging func(s
 		w.WriteString(")\n")
 	}
 	return w.Bytes(), nil
+}
+
+// BinaryName is the file name go build -o DIR/ gives a main package: the
+// last path element, or the one before a major-version suffix (/v3).
+func BinaryName(pkg string) string {
+	base := path.Base(pkg)
+	if len(base) > 1 && base[0] == 'v' && strings.Trim(base[1:], "0123456789") == "" {
+		return path.Base(path.Dir(pkg))
+	}
+	return base
 }
 
 func withVersion(pkgs []string, v string) []string {

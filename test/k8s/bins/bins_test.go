@@ -56,3 +56,16 @@ func TestKeyIsStable(t *testing.T) {
 		t.Errorf("key %q", Key())
 	}
 }
+
+func TestBinaryName(t *testing.T) {
+	for pkg, want := range map[string]string{
+		"go.etcd.io/etcd/server/v3":                                             "server",
+		"k8s.io/kubernetes/cmd/kubelet":                                         "kubelet",
+		"github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner": "csi-provisioner",
+		"example.com/v2ray":                                                     "v2ray",
+	} {
+		if got := BinaryName(pkg); got != want {
+			t.Errorf("BinaryName(%s) = %s, want %s", pkg, got, want)
+		}
+	}
+}
