@@ -78,21 +78,27 @@ func newRoot(t *testing.T) string {
 	return root
 }
 
+// checkNoLeaks fails the test for any loop device whose backing file lies
+// in root, including files deleted since (sysfs shows them "(deleted)").
 func checkNoLeaks(t *testing.T, root string) {
 	t.Helper()
-	devs, _ := loop.List()
-	for _, d := range devs {
-		uuid, ok := strings.CutPrefix(d.Tag, "sparsevol:")
-		if !ok {
-			continue
-		}
-		path := filepath.Join(root, uuid)
-		id, err := loop.FileIDOf(path)
-		if err == nil && id == d.Backing {
-			loop.Detach(d.Path, id)
-			t.Errorf("leaked loop device %s for %s", d.Path, path)
+	for _, dev := range devicesUnder(root) {
+		exec.Command("losetup", "-d", dev).Run()
+		t.Errorf("leaked loop device %s with a backing file in %s", dev, root)
+	}
+}
+
+// devicesUnder lists the loop devices whose backing file path is in dir.
+func devicesUnder(dir string) []string {
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	var out []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err == nil && strings.HasPrefix(string(b), dir+"/") {
+			out = append(out, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(f))))
 		}
 	}
+	return out
 }
 
 func statuses(t *testing.T, root string) []volume.Status {
@@ -123,12 +129,9 @@ func snapshot(t *testing.T, root string) string {
 	})
 	// Only this store's devices: other tests attach and detach theirs
 	// concurrently.
-	devs, _ := loop.List()
-	for _, d := range devs {
-		uuid, _ := strings.CutPrefix(d.Tag, "sparsevol:")
-		if id, err := loop.FileIDOf(filepath.Join(root, uuid)); err == nil && id == d.Backing {
-			fmt.Fprintf(&b, "%s %v %s\n", d.Path, d.Backing, d.Tag)
-		}
+	for _, dev := range devicesUnder(root) {
+		d, _ := loop.Get(dev)
+		fmt.Fprintf(&b, "%s %+v\n", dev, d)
 	}
 	return b.String()
 }
@@ -429,4 +432,98 @@ func TestCommandsEndToEnd(t *testing.T) {
 		t.Fatalf("doctor output:\n%s%s", doctor.stdout, doctor.stderr)
 	}
 	mustRun(t, root, "delete", "e", "x", "r")
+}
+
+// TestConcurrentIdenticalCreates: a retried create running next to the
+// first one must not format the volume again; exactly one wins.
+func TestConcurrentIdenticalCreates(t *testing.T) {
+	root := newRoot(t)
+	const procs = 8
+	var wg sync.WaitGroup
+	results := make([]result, procs)
+	for i := range procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = sparsevol(t, root, nil, "create", "same", "--size", "64M", "--uuid", "0b7e4bd6-1c2b-4a57-9d6a-0e5d7f4e2f10")
+		}()
+	}
+	wg.Wait()
+	ok := 0
+	for _, r := range results {
+		switch r.code {
+		case 0:
+			ok++
+		case 2:
+		default:
+			t.Fatalf("create: exit %d: %s", r.code, r.stderr)
+		}
+	}
+	if ok != 1 {
+		t.Fatalf("%d identical creates succeeded, want exactly 1", ok)
+	}
+	mustRun(t, root, "delete", "same")
+}
+
+// TestDetachAfterBackingFileRemoved: a volume whose file was deleted behind
+// our back still has its device detached (found by the recorded identity
+// and the tag), by detach and by delete.
+func TestDetachAfterBackingFileRemoved(t *testing.T) {
+	for _, cmd := range []string{"detach", "delete"} {
+		t.Run(cmd, func(t *testing.T) {
+			root := newRoot(t)
+			mustRun(t, root, "create", "gone", "--size", "8M")
+			st := statuses(t, root)[0]
+			if err := os.Remove(st.BackingFile); err != nil {
+				t.Fatal(err)
+			}
+			mustRun(t, root, cmd, "gone")
+			if devs := devicesUnder(root); len(devs) > 0 {
+				t.Fatalf("%s left %v bound to the removed file", cmd, devs)
+			}
+			if cmd == "detach" {
+				mustRun(t, root, "delete", "gone")
+			}
+		})
+	}
+}
+
+// TestExpandCrashWithTemporaryMount: a crash while an offline XFS expansion
+// has its temporary mount leaves nothing that blocks a rerun or delete.
+func TestExpandCrashWithTemporaryMount(t *testing.T) {
+	root := newRoot(t)
+	mustRun(t, root, "create", "x", "--size", "300M", "--fs", "xfs", "--no-start")
+	r := sparsevol(t, root, []string{volume.CrashEnv + "=expand:mounted"}, "expand", "x", "--size", "400M")
+	if !r.signaled {
+		t.Fatalf("crash point not reached: exit %d %s", r.code, r.stderr)
+	}
+	mustRun(t, root, "expand", "x", "--size", "400M")
+	st := statuses(t, root)[0]
+	if len(st.MountPoints) > 0 || st.SizeBytes != 400<<20 {
+		t.Fatalf("after rerun: mounts %v, size %d", st.MountPoints, st.SizeBytes)
+	}
+	mustRun(t, root, "delete", "x")
+}
+
+// TestAttachCancelsDeferredDetach: a detach deferred because a process
+// held the device must not make a later attach report a device that then
+// disappears.
+func TestAttachCancelsDeferredDetach(t *testing.T) {
+	root := newRoot(t)
+	mustRun(t, root, "create", "d", "--size", "8M")
+	st := statuses(t, root)[0]
+	f, err := os.Open(st.Device)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := sparsevol(t, root, nil, "detach", "d"); r.code != 1 || !strings.Contains(r.stderr, "deferred") {
+		f.Close()
+		t.Fatalf("detach while open: exit %d %s", r.code, r.stderr)
+	}
+	mustRun(t, root, "attach", "d")
+	f.Close()
+	if st := statuses(t, root)[0]; !st.Attached {
+		t.Fatal("volume lost its device when the opener closed, after attach reported it attached")
+	}
+	mustRun(t, root, "delete", "d")
 }

@@ -98,7 +98,7 @@ func (g *globals) diagnose() []finding {
 	if _, err := os.Stat("/dev/loop-control"); err != nil {
 		add("FAIL", "loop", "/dev/loop-control is missing", "load the loop module: modprobe loop")
 	} else {
-		devs, _ := loop.List()
+		devs, _ := loop.Scan()
 		all, _ := filepath.Glob("/sys/block/loop*")
 		add("OK", "loop", fmt.Sprintf("%d loop devices, %d bound, more are created on demand", len(all), len(devs)), "")
 	}

@@ -63,6 +63,12 @@ elsewhere the volume is attached directly. Prints the UUID.`,
 			if err != nil {
 				return err
 			}
+			// Enable the unit before the volume is marked ready: a crash
+			// after "ready" must not leave a volume that will not come back
+			// at boot. (Until ready, the unit's attach refuses it.)
+			req.BeforeReady = func(v *volume.Volume) error {
+				return g.activate(cmd.Context(), s, v, false)
+			}
 			v, err := s.Create(cmd.Context(), req)
 			if err != nil {
 				return err
@@ -190,13 +196,23 @@ func (g *globals) deleteOne(ctx context.Context, s *volume.Store, ref string) er
 	if err := s.InUse(v.UUID); err != nil {
 		return err
 	}
+	if !systemd.Running() {
+		return s.Delete(ctx, v.UUID)
+	}
 	units := g.units()
-	if systemd.Running() {
-		if err := units.Disable(ctx, v.UUID); err != nil {
-			return err
+	wasEnabled := units.Enabled(v.UUID)
+	if err := units.Disable(ctx, v.UUID); err != nil {
+		return err
+	}
+	err = s.Delete(ctx, v.UUID)
+	if errors.Is(err, volume.ErrBusy) && wasEnabled {
+		// Someone mounted it between the check and the delete: the volume
+		// stays, so its unit must too.
+		if uerr := g.activate(ctx, s, v, true); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("re-enable unit: %w", uerr))
 		}
 	}
-	return s.Delete(ctx, v.UUID)
+	return err
 }
 
 func newExpandCommand(g *globals) *cobra.Command {

@@ -179,9 +179,9 @@ func bindNumber(n int, backing *os.File, want FileID, opts AttachOptions) (*Devi
 	if opts.ReadOnly {
 		mode = unix.O_RDONLY
 	}
-	fd, err := unix.Open(path, mode|unix.O_CLOEXEC, 0)
+	fd, err := openDevice(n, mode)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", path, err)
+		return nil, err
 	}
 	defer unix.Close(fd)
 
@@ -203,13 +203,23 @@ func bindNumber(n int, backing *os.File, want FileID, opts AttachOptions) (*Devi
 	}
 	// Verify that what the kernel now holds is what we asked for: the file,
 	// and no autoclear (which would silently drop a persistent volume).
+	// Partscan may be on without being asked for: the kernel sets it on
+	// every device when the loop module has max_part > 0.
+	var bad string
 	switch {
 	case dev.Backing != want:
+		// Not ours (someone rebound it between configure and status):
+		// leave it alone.
 		return nil, fmt.Errorf("verify %s: bound to %d:%d, want %d:%d: %w", path, dev.Backing.Dev, dev.Backing.Inode, want.Dev, want.Inode, ErrNotOwned)
 	case dev.Autoclear():
-		return dev, fmt.Errorf("verify %s: autoclear is set on a persistent device", path)
-	case dev.ReadOnly() != opts.ReadOnly, dev.Partscan() != opts.Partscan:
-		return dev, fmt.Errorf("verify %s: flags %#x do not match requested %#x", path, dev.Flags, opts.flags(directIO))
+		bad = "autoclear is set on a persistent device"
+	case dev.ReadOnly() != opts.ReadOnly, opts.Partscan && !dev.Partscan():
+		bad = fmt.Sprintf("flags %#x do not match requested %#x", dev.Flags, opts.flags(directIO))
+	}
+	if bad != "" {
+		// We bound it, so we unbind it: a failed attach leaks no device.
+		_ = unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0)
+		return nil, fmt.Errorf("verify %s: %s", path, bad)
 	}
 	return dev, nil
 }
@@ -222,16 +232,25 @@ func configure(fd int, backing *os.File, opts AttachOptions, directIO bool) erro
 	cfg.Info.Flags = opts.flags(directIO)
 	copy(cfg.Info.File_name[:], opts.Tag)
 	err := unix.IoctlLoopConfigure(fd, &cfg)
-	if err == nil || !(errors.Is(err, unix.ENOTTY) || errors.Is(err, unix.ENOSYS)) {
+	if err == nil || !(errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOTTY) || errors.Is(err, unix.ENOSYS)) {
 		return err
 	}
-	// Kernels before 5.8 have no LOOP_CONFIGURE: bind, then set status.
+	// Kernels before 5.8 have no LOOP_CONFIGURE (they answer EINVAL for
+	// an unknown loop ioctl, as util-linux knows): bind, then set status.
 	if err := unix.IoctlSetInt(fd, unix.LOOP_SET_FD, int(backing.Fd())); err != nil {
 		return fmt.Errorf("LOOP_SET_FD: %w", err)
 	}
 	info := cfg.Info
 	info.Flags &^= unix.LO_FLAGS_DIRECT_IO
-	if err := unix.IoctlLoopSetStatus64(fd, &info); err != nil {
+	for attempt := 0; ; attempt++ {
+		// Older kernels answer EAGAIN while the page cache is flushed.
+		err = unix.IoctlLoopSetStatus64(fd, &info)
+		if !errors.Is(err, unix.EAGAIN) || attempt >= 50 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil {
 		_ = unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0)
 		return fmt.Errorf("LOOP_SET_STATUS64: %w", err)
 	}
@@ -255,12 +274,12 @@ func Get(path string) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	fd, err := unix.Open(devicePath(n), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	fd, err := openDevice(n, unix.O_RDONLY)
 	if err != nil {
-		if errors.Is(err, unix.ENXIO) || errors.Is(err, unix.ENOENT) {
-			return nil, fmt.Errorf("open %s: %w", path, ErrNotAttached)
+		if errors.Is(err, unix.ENXIO) {
+			return nil, fmt.Errorf("%w: %w", err, ErrNotAttached)
 		}
-		return nil, fmt.Errorf("open %s: %w", path, err)
+		return nil, err
 	}
 	defer unix.Close(fd)
 	return status(fd, n)
@@ -315,6 +334,66 @@ func List() ([]*Device, error) {
 		}
 		if err != nil {
 			return nil, fmt.Errorf("list loop devices: %w", err)
+		}
+		devs = append(devs, dev)
+	}
+	return devs, nil
+}
+
+// Scan returns every bound device like List, but without opening any of
+// them: paths, flags and block size come from sysfs and the identity from
+// a stat of the backing file's path (exact for files reachable in this
+// mount namespace); only devices whose path cannot be resolved (deleted,
+// another namespace) are asked by ioctl. Tags are not filled in. Opening
+// devices is what periodic callers (status listings, metrics scrapes)
+// must avoid: an open at the wrong moment turns someone's detach into a
+// deferred one. Operations that change a device verify it by ioctl anyway.
+func Scan() ([]*Device, error) {
+	entries, err := os.ReadDir("/sys/block")
+	if err != nil {
+		return nil, fmt.Errorf("scan loop devices: %w", err)
+	}
+	buf := make([]byte, 4096)
+	var devs []*Device
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasPrefix(name, "loop") {
+			continue
+		}
+		n, err := strconv.Atoi(name[4:])
+		if err != nil {
+			continue
+		}
+		sys := "/sys/block/" + name
+		path, ok := readSysString(sys+"/loop/backing_file", buf)
+		if !ok {
+			continue // not bound
+		}
+		var st unix.Stat_t
+		if strings.HasSuffix(path, " (deleted)") || unix.Stat(path, &st) != nil {
+			dev, err := Get(devicePath(n))
+			if errors.Is(err, ErrNotAttached) {
+				continue
+			}
+			if err != nil {
+				return nil, fmt.Errorf("scan loop devices: %w", err)
+			}
+			devs = append(devs, dev)
+			continue
+		}
+		dev := &Device{Path: devicePath(n), Number: n, Backing: FileID{Dev: st.Dev, Inode: st.Ino}}
+		for attr, flag := range map[string]uint32{
+			"/loop/autoclear": unix.LO_FLAGS_AUTOCLEAR, "/loop/partscan": unix.LO_FLAGS_PARTSCAN,
+			"/loop/dio": unix.LO_FLAGS_DIRECT_IO, "/ro": unix.LO_FLAGS_READ_ONLY,
+		} {
+			if v, ok := readSysString(sys+attr, buf); ok && v == "1" {
+				dev.Flags |= flag
+			}
+		}
+		if v, ok := readSysString(sys+"/queue/logical_block_size", buf); ok {
+			if bs, err := strconv.ParseUint(v, 10, 32); err == nil {
+				dev.BlockSize = uint32(bs)
+			}
 		}
 		devs = append(devs, dev)
 	}
@@ -414,11 +493,19 @@ func Busy(path string) error {
 			unix.Close(fd)
 		}
 	}
-	users = append(users, openers(n)...)
 	if len(users) > 0 {
 		return fmt.Errorf("%s: %w by %s", path, ErrBusy, strings.Join(users, ", "))
 	}
-	return nil
+	// Processes that merely have it open are often passing through (udev's
+	// probe, a `losetup -l`): give them a moment before calling it busy.
+	var holders []string
+	for wait := time.Duration(0); wait < deferredWait; wait += deferredPoll {
+		if holders = openers(n); len(holders) == 0 {
+			return nil
+		}
+		time.Sleep(deferredPoll)
+	}
+	return fmt.Errorf("%s: %w by %s", path, ErrBusy, strings.Join(holders, ", "))
 }
 
 // Detach unbinds path, but only if it is bound to the file with identity
@@ -436,10 +523,10 @@ func Detach(path string, owner FileID) error {
 	}
 	// O_EXCL on a block device fails with EBUSY while it (or one of its
 	// partitions) is mounted or claimed, without disturbing the holder.
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_EXCL|unix.O_CLOEXEC, 0)
+	fd, err := openDevice(n, unix.O_RDONLY|unix.O_EXCL)
 	if err != nil {
 		switch {
-		case errors.Is(err, unix.ENXIO), errors.Is(err, unix.ENOENT):
+		case errors.Is(err, unix.ENXIO):
 			return fmt.Errorf("detach %s: %w", path, ErrNotAttached)
 		case errors.Is(err, unix.EBUSY):
 			return fmt.Errorf("detach %s: %w (claimed exclusively by a mount or another device)", path, ErrBusy)
@@ -465,12 +552,22 @@ func Detach(path string, owner FileID) error {
 		}
 		return fmt.Errorf("detach %s: LOOP_CLR_FD: %w", path, err)
 	}
-	after, err := Get(path)
-	if errors.Is(err, ErrNotAttached) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("detach %s: check: %w", path, err)
+	// Short-lived openers (udev's blkid probe after a change event, a
+	// `losetup -l`) defer the teardown by milliseconds; give them a moment
+	// before calling the detach deferred.
+	var after *Device
+	for wait := time.Duration(0); wait < deferredWait; wait += deferredPoll {
+		after, err = Get(path)
+		if errors.Is(err, ErrNotAttached) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("detach %s: check: %w", path, err)
+		}
+		if after.Backing != owner {
+			return nil // detached and already reused by someone else
+		}
+		time.Sleep(deferredPoll)
 	}
 	if after.Backing == owner {
 		holders := openers(n)
@@ -483,6 +580,111 @@ func Detach(path string, owner FileID) error {
 	return nil
 }
 
+// How long Detach waits for transient openers before reporting a
+// deferred detach.
+const (
+	deferredWait = 2 * time.Second
+	deferredPoll = 10 * time.Millisecond
+)
+
+// KeepBound makes sure a device found bound to owner stays bound: a detach
+// that the kernel deferred (autoclear set because someone held the device
+// open) is cancelled by clearing autoclear. It returns ErrNotAttached if the
+// device is already being torn down, so the caller binds a new one.
+func KeepBound(path string, owner FileID) (*Device, error) {
+	n, err := parseNumber(path)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := openDevice(n, unix.O_RDONLY)
+	if err != nil {
+		if errors.Is(err, unix.ENXIO) {
+			return nil, fmt.Errorf("keep %s bound: %w", path, ErrNotAttached)
+		}
+		return nil, fmt.Errorf("keep %s bound: %w", path, err)
+	}
+	defer unix.Close(fd)
+	info, err := unix.IoctlLoopGetStatus64(fd)
+	if err != nil {
+		if errors.Is(err, unix.ENXIO) {
+			return nil, fmt.Errorf("keep %s bound: %w", path, ErrNotAttached)
+		}
+		return nil, fmt.Errorf("keep %s bound: LOOP_GET_STATUS64: %w", path, err)
+	}
+	if (FileID{Dev: info.Device, Inode: info.Inode}) != owner {
+		return nil, fmt.Errorf("keep %s bound: %w", path, ErrNotOwned)
+	}
+	if info.Flags&unix.LO_FLAGS_AUTOCLEAR != 0 {
+		info.Flags &^= unix.LO_FLAGS_AUTOCLEAR
+		if err := unix.IoctlLoopSetStatus64(fd, info); err != nil {
+			if errors.Is(err, unix.ENXIO) {
+				return nil, fmt.Errorf("keep %s bound: %w", path, ErrNotAttached)
+			}
+			return nil, fmt.Errorf("keep %s bound: clear autoclear: %w", path, err)
+		}
+	}
+	return status(fd, n)
+}
+
+// Hold opens the device after proving it is bound to owner and keeps it
+// open until release is called. While held, a LOOP_CLR_FD by anyone is only
+// deferred, so the device number cannot be rebound to another file under a
+// program (mkfs, resize2fs, mount) that works on it by path.
+func Hold(path string, owner FileID) (release func(), err error) {
+	n, err := parseNumber(path)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := openDevice(n, unix.O_RDONLY)
+	if err != nil {
+		return nil, fmt.Errorf("hold %s: %w", path, err)
+	}
+	dev, err := status(fd, n)
+	if err == nil && dev.Backing != owner {
+		err = fmt.Errorf("hold %s: %w", path, ErrNotOwned)
+	}
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return func() { unix.Close(fd) }, nil
+}
+
+// openDevice opens /dev/loopN. Where /dev is not devtmpfs (some
+// containers) the node may be missing for a device the kernel has; it is
+// made from the numbers sysfs gives. ENXIO from the open means unbound or
+// being torn down.
+func openDevice(n int, flags int) (int, error) {
+	path := devicePath(n)
+	fd, err := unix.Open(path, flags|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		if merr := mknodFromSysfs(n); merr != nil {
+			return -1, fmt.Errorf("open %s: %w (and making the node: %v)", path, err, merr)
+		}
+		fd, err = unix.Open(path, flags|unix.O_CLOEXEC, 0)
+	}
+	if err != nil {
+		return -1, fmt.Errorf("open %s: %w", path, err)
+	}
+	return fd, nil
+}
+
+func mknodFromSysfs(n int) error {
+	b, err := os.ReadFile(fmt.Sprintf("/sys/block/loop%d/dev", n))
+	if err != nil {
+		return err
+	}
+	var major, minor uint32
+	if _, err := fmt.Sscanf(strings.TrimSpace(string(b)), "%d:%d", &major, &minor); err != nil {
+		return err
+	}
+	err = unix.Mknod(devicePath(n), unix.S_IFBLK|0o660, int(unix.Mkdev(major, minor)))
+	if errors.Is(err, unix.EEXIST) {
+		return nil
+	}
+	return err
+}
+
 // SetCapacity makes the kernel re-read the size of the backing file of the
 // device, after the file was grown. owner is checked first, as in Detach.
 func SetCapacity(path string, owner FileID) error {
@@ -490,9 +692,9 @@ func SetCapacity(path string, owner FileID) error {
 	if err != nil {
 		return err
 	}
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	fd, err := openDevice(n, unix.O_RDONLY)
 	if err != nil {
-		return fmt.Errorf("set capacity %s: %w", path, err)
+		return fmt.Errorf("set capacity: %w", err)
 	}
 	defer unix.Close(fd)
 	dev, err := status(fd, n)

@@ -271,3 +271,91 @@ func TestConcurrentAttachWithForeignTools(t *testing.T) {
 		}
 	}
 }
+
+// TestKeepBoundCancelsDeferredDetach: a detach deferred by an opener must
+// not take the device away from a volume that was attached again since.
+func TestKeepBoundCancelsDeferredDetach(t *testing.T) {
+	testutil.RequireRoot(t)
+	path, id := backingFile(t, 16<<20)
+	dev := attach(t, path, AttachOptions{})
+	f, err := os.Open(dev.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Detach(dev.Path, id); !errors.Is(err, ErrDeferred) {
+		f.Close()
+		t.Fatalf("Detach while open = %v, want ErrDeferred", err)
+	}
+	kept, err := KeepBound(dev.Path, id)
+	if err != nil || kept.Autoclear() {
+		f.Close()
+		t.Fatalf("KeepBound = %+v, %v", kept, err)
+	}
+	f.Close()
+	if d, err := Get(dev.Path); err != nil || d.Backing != id {
+		t.Fatalf("device gone after last close although kept: %v", err)
+	}
+	_, other := backingFile(t, 1<<20)
+	if _, err := KeepBound(dev.Path, other); !errors.Is(err, ErrNotOwned) {
+		t.Fatalf("KeepBound(other) = %v", err)
+	}
+}
+
+func TestHold(t *testing.T) {
+	testutil.RequireRoot(t)
+	path, id := backingFile(t, 16<<20)
+	dev := attach(t, path, AttachOptions{})
+	_, other := backingFile(t, 1<<20)
+	if _, err := Hold(dev.Path, other); !errors.Is(err, ErrNotOwned) {
+		t.Fatalf("Hold(other) = %v", err)
+	}
+	release, err := Hold(dev.Path, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// While held, a detach is only deferred: the number cannot be reused.
+	if err := Detach(dev.Path, id); !errors.Is(err, ErrDeferred) {
+		release()
+		t.Fatalf("Detach while held = %v, want ErrDeferred", err)
+	}
+	release()
+	if _, err := Get(dev.Path); !errors.Is(err, ErrNotAttached) {
+		t.Fatalf("device still bound after release: %v", err)
+	}
+}
+
+// TestScanMatchesList: the sysfs-only scan must agree with the ioctls.
+func TestScanMatchesList(t *testing.T) {
+	testutil.RequireRoot(t)
+	path, id := backingFile(t, 16<<20)
+	attach(t, path, AttachOptions{DirectIO: true, Partscan: true, BlockSize: 4096})
+	ro, roID := backingFile(t, 16<<20)
+	attach(t, ro, AttachOptions{ReadOnly: true})
+	scanned, err := Scan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed, err := List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []FileID{id, roID} {
+		var s, l *Device
+		for _, d := range scanned {
+			if d.Backing == want {
+				s = d
+			}
+		}
+		for _, d := range listed {
+			if d.Backing == want {
+				l = d
+			}
+		}
+		if s == nil || l == nil {
+			t.Fatalf("device for %+v: scan %+v, list %+v", want, s, l)
+		}
+		if s.Path != l.Path || s.Flags != l.Flags || s.BlockSize != l.BlockSize {
+			t.Fatalf("scan %+v != list %+v", s, l)
+		}
+	}
+}

@@ -119,9 +119,14 @@ func (m Manager) Enable(ctx context.Context, uuid, root string, mountsFor []stri
 // Disable stops and disables the instance and removes its drop-in. An
 // instance that is not enabled is not an error.
 func (m Manager) Disable(ctx context.Context, uuid string) error {
-	if err := systemctl(ctx, "disable", "--now", UnitName(uuid)); err != nil {
-		return fmt.Errorf("disable %s: %w", UnitName(uuid), err)
+	// Without the template (uninstalled) the instance cannot be loaded and
+	// systemctl refuses; there is then nothing to stop, only links to drop.
+	if m.Installed() || m.Enabled(uuid) {
+		if err := systemctl(ctx, "disable", "--now", UnitName(uuid)); err != nil && m.Installed() {
+			return fmt.Errorf("disable %s: %w", UnitName(uuid), err)
+		}
 	}
+	os.Remove(filepath.Join(m.dir(), "multi-user.target.wants", UnitName(uuid)))
 	os.RemoveAll(filepath.Dir(m.DropInPath(uuid)))
 	return m.reload(ctx)
 }

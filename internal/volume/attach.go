@@ -7,6 +7,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"time"
 
@@ -25,12 +26,33 @@ func (s *Store) attachDevice(v *Volume) (*loop.Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("attach %s: backing file: %w", v.Name, err)
 	}
-	if dev, err := loop.Find(id); err == nil {
-		return dev, nil
-	} else if !errors.Is(err, loop.ErrNotAttached) {
+	devs, err := loop.FindAll(id)
+	if err != nil {
 		return nil, fmt.Errorf("attach %s: %w", v.Name, err)
 	}
+	for _, d := range devs {
+		if dev, err := s.keep(v, d, id); dev != nil || err != nil {
+			return dev, err
+		}
+	}
 	return s.bind(v)
+}
+
+// keep returns d if it stays bound to v's file, cancelling a detach the
+// kernel deferred; nil, nil if d is being torn down.
+func (s *Store) keep(v *Volume, d *loop.Device, id loop.FileID) (*loop.Device, error) {
+	if !d.Autoclear() {
+		return d, nil
+	}
+	kept, err := loop.KeepBound(d.Path, id)
+	switch {
+	case err == nil:
+		s.log.Info("cancelled a deferred detach", "volume", v.Name, "device", d.Path)
+		return kept, nil
+	case errors.Is(err, loop.ErrNotAttached):
+		return nil, nil
+	}
+	return nil, fmt.Errorf("attach %s: %w", v.Name, err)
 }
 
 func (s *Store) bind(v *Volume) (*loop.Device, error) {
@@ -67,7 +89,12 @@ func (s *Store) finishAttach(ctx context.Context, v *Volume, dev *loop.Device) e
 	if !udevRunning() || v.StablePath() == linkPath(v.UUID) {
 		return nil
 	}
-	if err := waitForLink(ctx, v.StablePath(), dev.Path, s.opts.UdevTimeout); err != nil {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.opts.UdevTimeout)
+		defer cancel()
+	}
+	if err := waitForLink(ctx, v.StablePath(), dev.Path); err != nil {
 		return fmt.Errorf("attach %s: %w", v.Name, err)
 	}
 	return nil
@@ -101,6 +128,11 @@ func (s *Store) Attach(ctx context.Context, ref string) (*Status, error) {
 		if err != nil {
 			return err
 		}
+		if v.noteBackingID(dev.Backing) {
+			if err := s.writeMeta(v); err != nil {
+				return err
+			}
+		}
 		if err := s.finishAttach(ctx, v, dev); err != nil {
 			return err
 		}
@@ -120,7 +152,7 @@ func (s *Store) AttachAll(ctx context.Context) ([]*Status, error) {
 		return nil, err
 	}
 	defer unlockAll(locked)
-	devs, err := loop.List()
+	devs, err := loop.Scan()
 	if err != nil {
 		return nil, err
 	}
@@ -152,16 +184,30 @@ func (s *Store) AttachAll(ctx context.Context) ([]*Status, error) {
 			errs = append(errs, fmt.Errorf("attach %s: %w", v.Name, err))
 			continue
 		}
-		if dev := byFile[id]; dev != nil {
+		if v.noteBackingID(id) {
+			if err := s.writeMeta(v); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		dev, err := (*loop.Device)(nil), error(nil)
+		if found := byFile[id]; found != nil {
+			dev, err = s.keep(v, found, id)
+		}
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case dev != nil:
 			attached[v] = dev
-		} else {
+		default:
 			unbound = append(unbound, v)
 		}
 	}
 	bound, bindErrs := s.bindMany(unbound) // batch.go: parallel binds
 	maps.Copy(attached, bound)
 	errs = append(errs, bindErrs...)
-	// Wait for udev once for all, not volume by volume.
+	// Wait for udev once for all, not volume by volume, with one deadline.
+	ctx, cancel := context.WithTimeout(ctx, s.opts.UdevTimeout)
+	defer cancel()
 	for v, dev := range attached {
 		if err := s.finishAttach(ctx, v, dev); err != nil {
 			errs = append(errs, err)
@@ -191,7 +237,7 @@ func (s *Store) DetachAll(ctx context.Context) error {
 		return err
 	}
 	defer unlockAll(vols)
-	devs, err := loop.List()
+	devs, err := loop.Scan()
 	if err != nil {
 		return err
 	}
@@ -253,18 +299,29 @@ func unlockAll(vols []lockedVolume) {
 
 // detachDevices detaches every loop device bound to v's backing file. The
 // identity check inside loop.Detach proves each is ours.
+//
+// If the backing file was removed behind our back, a device may still hold
+// its (now unnamed) inode: it is found by the identity recorded in the
+// metadata, and detached only if it also carries the volume's tag.
 func (s *Store) detachDevices(v *Volume) error {
+	s.cleanupTempMount(v)
 	id, err := loop.FileIDOf(v.BackingFile)
-	if isNotExist(err) {
+	present := err == nil
+	switch {
+	case isNotExist(err) && v.backingID() != (loop.FileID{}):
+		id = v.backingID()
+	case isNotExist(err):
 		removeLink(v.UUID)
-		return nil // no file, so no device can be bound to it
-	}
-	if err != nil {
+		return nil // never bound since identities were recorded
+	case err != nil:
 		return fmt.Errorf("detach %s: %w", v.Name, err)
 	}
 	devs, err := loop.FindAll(id)
 	if err != nil {
 		return fmt.Errorf("detach %s: %w", v.Name, err)
+	}
+	if !present {
+		devs = slices.DeleteFunc(devs, func(d *loop.Device) bool { return d.Tag != tag(v.UUID) })
 	}
 	return s.detachList(v, id, devs)
 }
@@ -316,10 +373,9 @@ func udevRunning() bool {
 	return err == nil
 }
 
-// waitForLink polls until link resolves to dev or one of its partitions.
-func waitForLink(ctx context.Context, link, dev string, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
+// waitForLink polls until link resolves to dev or one of its partitions,
+// or ctx ends.
+func waitForLink(ctx context.Context, link, dev string) error {
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -330,8 +386,8 @@ func waitForLink(ctx context.Context, link, dev string, timeout time.Duration) e
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("udev did not create %s for %s within %s (check `udevadm info %s` and `blkid %s`): %w",
-				link, dev, timeout, dev, dev, ctx.Err())
+			return fmt.Errorf("udev did not create %s for %s in time (check `udevadm info %s` and `blkid %s`): %w",
+				link, dev, dev, dev, ctx.Err())
 		case <-tick.C:
 		}
 	}

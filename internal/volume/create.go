@@ -31,6 +31,10 @@ type CreateRequest struct {
 	// KeepAttached leaves the loop device attached after create; otherwise
 	// create detaches it again and attaching is left to the unit or caller.
 	KeepAttached bool
+	// BeforeReady, if set, runs after formatting and before the volume is
+	// marked ready (the CLI enables the unit there), so that a crash after
+	// "ready" never leaves a volume that will not come back at boot.
+	BeforeReady func(v *Volume) error
 }
 
 // normalize fills defaults and validates, without touching anything.
@@ -119,7 +123,17 @@ func (s *Store) Create(ctx context.Context, req CreateRequest) (*Volume, error) 
 		return nil, err
 	}
 	defer unlock()
-	if err := s.build(ctx, v, req.KeepAttached); err != nil {
+	// Another create of the same name may have finished (or a delete
+	// removed it) while we waited: decide on what is there now, so a
+	// retried create never formats a volume that became ready.
+	v, err = s.readMeta(v.UUID)
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", req.Name, err)
+	}
+	if v.State != StateCreating {
+		return nil, fmt.Errorf("create %s: name is taken by volume %s (%s): %w", req.Name, v.UUID, v.State, ErrExists)
+	}
+	if err := s.build(ctx, v, req); err != nil {
 		return nil, fmt.Errorf("create %s: %w", req.Name, err)
 	}
 	return v, nil
@@ -154,7 +168,7 @@ func (s *Store) reserve(req CreateRequest) (*Volume, error) {
 	if _, err := os.Lstat(s.backingPath(req.UUID)); err == nil {
 		return nil, fmt.Errorf("file %s exists but is no volume of this store: %w", s.backingPath(req.UUID), ErrExists)
 	}
-	if err := s.checkSpace(req.SizeBytes); err != nil {
+	if err := s.checkSpace(req.SizeBytes, req.Preallocate); err != nil {
 		return nil, err
 	}
 	directIO := *s.opts.DirectIO
@@ -205,7 +219,7 @@ func blockSizeFor(dir string) uint32 {
 }
 
 // build runs the steps after reserve; each is safe to repeat.
-func (s *Store) build(ctx context.Context, v *Volume, keepAttached bool) error {
+func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) error {
 	crashPoint("create:reserved")
 	if err := sizeBackingFile(v.BackingFile, v.SizeBytes, v.Preallocate, true); err != nil {
 		return err
@@ -215,18 +229,24 @@ func (s *Store) build(ctx context.Context, v *Volume, keepAttached bool) error {
 	if err != nil {
 		return err
 	}
+	v.noteBackingID(dev.Backing)
 	crashPoint("create:attached")
 	if err := s.format(ctx, v, dev); err != nil {
 		return err
 	}
 	crashPoint("create:formatted")
+	if req.BeforeReady != nil {
+		if err := req.BeforeReady(v); err != nil {
+			return err
+		}
+	}
 	v.State = StateReady
 	if err := s.writeMeta(v); err != nil {
 		return err
 	}
 	crashPoint("create:ready")
 	s.log.Info("volume created", "volume", v.Name, "uuid", v.UUID, "size", v.SizeBytes, "mode", v.Mode, "fs", v.FSType)
-	if keepAttached {
+	if req.KeepAttached {
 		return s.finishAttach(ctx, v, dev)
 	}
 	return s.detachDevices(v)
@@ -297,6 +317,13 @@ func (s *Store) format(ctx context.Context, v *Volume, dev *loop.Device) error {
 		args = append(args, strings.Fields(opt)...)
 	}
 	args = append(args, dev.Path)
+	// Hold the device so its number cannot be rebound to another file
+	// while mkfs works on it by path.
+	release, err := loop.Hold(dev.Path, dev.Backing)
+	if err != nil {
+		return fmt.Errorf("format %s: %w", v.Name, err)
+	}
+	defer release()
 	if _, err := s.run.run(ctx, prog, args...); err != nil {
 		return fmt.Errorf("format %s: %w", v.Name, err)
 	}

@@ -15,6 +15,7 @@ import (
 // midway leaves a volume in state deleting that the next Delete finishes.
 func (s *Store) Delete(ctx context.Context, ref string) error {
 	return s.withVolume(ref, func(v *Volume) error {
+		s.cleanupTempMount(v) // left by an expansion that crashed
 		if err := inUse(v); err != nil {
 			return fmt.Errorf("delete %s: %w", v.Name, err)
 		}
@@ -42,16 +43,16 @@ func (s *Store) Delete(ctx context.Context, ref string) error {
 }
 
 // InUse returns an ErrBusy error naming who holds the volume's devices
-// (mounts, holders, open file descriptors), or nil. It changes nothing.
+// (mounts, holders, open file descriptors), or nil. It changes nothing but
+// a temporary mount a crashed expansion of ours left behind.
 func (s *Store) InUse(ref string) error {
-	v, err := s.Get(ref)
-	if err != nil {
-		return err
-	}
-	if err := inUse(v); err != nil {
-		return fmt.Errorf("volume %s: %w", v.Name, err)
-	}
-	return nil
+	return s.withVolume(ref, func(v *Volume) error {
+		s.cleanupTempMount(v) // ours, left by an expansion that crashed
+		if err := inUse(v); err != nil {
+			return fmt.Errorf("volume %s: %w", v.Name, err)
+		}
+		return nil
+	})
 }
 
 func inUse(v *Volume) error {

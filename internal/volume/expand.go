@@ -46,6 +46,11 @@ func (s *Store) Expand(ctx context.Context, ref string, newSize int64, opts Expa
 		case newSize < v.SizeBytes:
 			return fmt.Errorf("expand %s: %s is smaller than the current %s; volumes only grow: %w",
 				v.Name, FormatSize(newSize), FormatSize(v.SizeBytes), ErrInvalid)
+		case v.ExpandingTo != 0 && newSize < v.ExpandingTo:
+			// The file may already have that size: a smaller target would
+			// record less than what is on disk.
+			return fmt.Errorf("expand %s: an expansion to %s is pending; finish it first with --size %s: %w",
+				v.Name, FormatSize(v.ExpandingTo), FormatSize(v.ExpandingTo), ErrInvalid)
 		case newSize == v.SizeBytes && v.ExpandingTo == 0:
 			if opts.FileOnly {
 				out = v
@@ -53,12 +58,22 @@ func (s *Store) Expand(ctx context.Context, ref string, newSize int64, opts Expa
 			}
 			// Same size: still make sure device and filesystem caught up.
 		default:
-			if err := s.checkSpace(newSize - max(v.SizeBytes, v.ExpandingTo)); err != nil {
-				return fmt.Errorf("expand %s: %w", v.Name, err)
-			}
-			v.ExpandingTo = newSize
-			if err := s.writeMeta(v); err != nil {
+			// Check and record under the store lock, as create does, so
+			// that a concurrent create cannot promise the same space.
+			// Order volume lock, then store lock: create never takes a
+			// volume lock while holding the store lock.
+			unlock, err := s.lock(storeLock)
+			if err != nil {
 				return err
+			}
+			err = s.checkSpace(newSize-max(v.SizeBytes, v.ExpandingTo), v.Preallocate)
+			if err == nil {
+				v.ExpandingTo = newSize
+				err = s.writeMeta(v)
+			}
+			unlock()
+			if err != nil {
+				return fmt.Errorf("expand %s: %w", v.Name, err)
 			}
 		}
 		crashPoint("expand:recorded")
@@ -95,6 +110,9 @@ func (s *Store) GrowFilesystem(ctx context.Context, ref string) error {
 // fileOnly, to the partition and the filesystem. A detached volume is
 // attached for the filesystem step and detached again.
 func (s *Store) growDevice(ctx context.Context, v *Volume, fileOnly bool) error {
+	// A crashed offline expansion may have left its temporary mount; it
+	// must not pass for a user's mount below.
+	s.cleanupTempMount(v)
 	id, err := loop.FileIDOf(v.BackingFile)
 	if err != nil {
 		return fmt.Errorf("expand %s: %w", v.Name, err)
@@ -124,6 +142,13 @@ func (s *Store) growDevice(ctx context.Context, v *Volume, fileOnly bool) error 
 			}
 		}()
 	}
+	// Hold the device so its number cannot be rebound to another file
+	// while sgdisk, e2fsck or resize2fs work on it by path.
+	release, err := loop.Hold(dev.Path, id)
+	if err != nil {
+		return fmt.Errorf("expand %s: %w", v.Name, err)
+	}
+	defer release()
 	if v.Partitioned {
 		return s.growPartition(ctx, v, dev)
 	}
@@ -193,22 +218,54 @@ func (s *Store) growFS(ctx context.Context, v *Volume, device string) error {
 		}
 		return nil
 	}
-	dir := filepath.Join(s.root, lockDir, "mnt-"+v.UUID)
+	s.cleanupTempMount(v)
+	dir := s.tempMountDir(v)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("expand %s: %w", v.Name, err)
 	}
-	defer os.Remove(dir)
-	if err := unix.Mount(device, dir, v.FSType, unix.MS_NOATIME, ""); err != nil {
+	defer s.cleanupTempMount(v)
+	// A private tmpfs first, and the filesystem below it, so that the
+	// filesystem does not propagate into other mount namespaces (kubelet's,
+	// containers'). Its own directory, because xfs_growfs finds the
+	// filesystem by looking its path up in the mount table.
+	if err := unix.Mount("sparsevol-expand", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=64k,mode=0700"); err != nil {
+		return fmt.Errorf("expand %s: private mount point %s: %w", v.Name, dir, err)
+	}
+	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("expand %s: private mount point %s: %w", v.Name, dir, err)
+	}
+	fsDir := filepath.Join(dir, "fs")
+	if err := os.Mkdir(fsDir, 0o700); err != nil {
+		return fmt.Errorf("expand %s: %w", v.Name, err)
+	}
+	if err := unix.Mount(device, fsDir, v.FSType, unix.MS_NOATIME, ""); err != nil {
 		return fmt.Errorf("expand %s: temporary mount of %s: %w", v.Name, device, err)
 	}
-	_, rerr := resizer.Resize(device, dir)
-	if err := unix.Unmount(dir, 0); err != nil && rerr == nil {
-		rerr = fmt.Errorf("unmount %s: %w", dir, err)
-	}
-	if rerr != nil {
-		return fmt.Errorf("expand %s: %w", v.Name, rerr)
+	crashPoint("expand:mounted")
+	if _, err := resizer.Resize(device, fsDir); err != nil {
+		return fmt.Errorf("expand %s: %w", v.Name, err)
 	}
 	return nil
+}
+
+func (s *Store) tempMountDir(v *Volume) string {
+	return filepath.Join(s.root, lockDir, "mnt-"+v.UUID)
+}
+
+// cleanupTempMount removes what an offline expansion mounted, including
+// what a crashed one left behind; the directory is ours by its path. A lazy
+// unmount of the private tmpfs takes the filesystem below it along.
+func (s *Store) cleanupTempMount(v *Volume) {
+	dir := s.tempMountDir(v)
+	if _, err := os.Stat(dir); err != nil {
+		return
+	}
+	for range 4 {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			break
+		}
+	}
+	os.Remove(dir)
 }
 
 func exitCode(err error) int {

@@ -48,7 +48,7 @@ func (s *Store) Statuses() ([]*Status, error) {
 	if err != nil {
 		return nil, err
 	}
-	devs, err := loop.List()
+	devs, err := loop.Scan()
 	if err != nil {
 		return nil, err
 	}

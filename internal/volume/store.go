@@ -192,7 +192,8 @@ func (s *Store) removeMeta(uuid string) error {
 	if err := syncDir(s.root); err != nil {
 		return fmt.Errorf("remove metadata of %s: %w", uuid, err)
 	}
-	os.Remove(filepath.Join(s.root, lockDir, uuid))
+	// The lock file stays: unlinking it while another process waits on it
+	// would let a third lock a fresh inode and both believe they hold it.
 	return nil
 }
 
@@ -319,8 +320,10 @@ func allocatedBytes(path string) int64 {
 	return st.Blocks * 512
 }
 
-// checkSpace refuses growth by delta bytes beyond the policy.
-func (s *Store) checkSpace(delta int64) error {
+// checkSpace refuses growth by delta bytes beyond the policy. A thick
+// (preallocated) volume must also fit in what is physically free: it
+// allocates everything now, overcommit or not.
+func (s *Store) checkSpace(delta int64, thick bool) error {
 	sp, err := s.Space()
 	if err != nil {
 		return err
@@ -329,5 +332,17 @@ func (s *Store) checkSpace(delta int64) error {
 		return fmt.Errorf("%s requested, the store can promise %s more (free %s, committed %s, overcommit ratio %g): %w",
 			FormatSize(delta), FormatSize(sp.CapacityBytes), FormatSize(sp.FreeBytes), FormatSize(sp.CommittedBytes), sp.OvercommitRatio, ErrNoSpace)
 	}
+	if thick && delta > sp.FreeBytes {
+		return fmt.Errorf("%s requested for a preallocated volume, %s are free: %w", FormatSize(delta), FormatSize(sp.FreeBytes), ErrNoSpace)
+	}
 	return nil
+}
+
+// Available is how much a new volume may take: CapacityBytes, and for a
+// thick volume no more than what is physically free.
+func (sp Space) Available(thick bool) int64 {
+	if thick {
+		return min(sp.CapacityBytes, sp.FreeBytes)
+	}
+	return sp.CapacityBytes
 }

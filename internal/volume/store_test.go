@@ -29,17 +29,14 @@ func newStore(t *testing.T, opts Options) *Store {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		vols, _ := s.List()
-		uuids := map[string]bool{}
-		for _, v := range vols {
-			uuids[v.UUID] = true
-		}
-		devs, _ := loop.List()
-		for _, d := range devs {
-			if uuid, ok := strings.CutPrefix(d.Tag, "sparsevol:"); ok && uuids[uuid] {
-				id, _ := loop.FileIDOf(filepath.Join(root, uuid))
-				loop.Detach(d.Path, id)
-				t.Errorf("leaked loop device %s for volume %s", d.Path, uuid)
+		// Any device whose backing file lies in the store is a leak, also
+		// one bound to a file deleted since ("... (deleted)" in sysfs).
+		files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+		for _, f := range files {
+			if b, err := os.ReadFile(f); err == nil && strings.HasPrefix(string(b), root+"/") {
+				dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(f)))
+				exec.Command("losetup", "-d", dev).Run()
+				t.Errorf("leaked loop device %s: %s", dev, b)
 			}
 		}
 	})

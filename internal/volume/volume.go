@@ -17,6 +17,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sparsevol/sparsevol/internal/loop"
 )
 
 // Errors callers classify with errors.Is. They are wrapped with the
@@ -84,6 +86,10 @@ type Volume struct {
 	// ExpandingTo is set while an expansion is in progress; a rerun of
 	// expand (or attach) finishes it.
 	ExpandingTo int64 `json:"expandingTo,omitempty"`
+	// BackingDev and BackingInode record the backing file's identity, so a
+	// device still bound to the file after it was removed can be found.
+	BackingDev   uint64 `json:"backingDev,omitempty"`
+	BackingInode uint64 `json:"backingInode,omitempty"`
 	// Labels carry caller-owned annotations (the CSI driver keeps the
 	// request name and parameters here).
 	Labels map[string]string `json:"labels,omitempty"`
@@ -194,4 +200,18 @@ func FormatSize(n int64) string {
 		}
 	}
 	return strconv.FormatInt(n, 10)
+}
+
+func (v *Volume) backingID() loop.FileID {
+	return loop.FileID{Dev: v.BackingDev, Inode: v.BackingInode}
+}
+
+// noteBackingID records id and reports whether it changed (the file was
+// made, adopted, or replaced, say restored from a backup).
+func (v *Volume) noteBackingID(id loop.FileID) bool {
+	if v.backingID() == id {
+		return false
+	}
+	v.BackingDev, v.BackingInode = id.Dev, id.Inode
+	return true
 }
