@@ -23,6 +23,9 @@ const (
 	ParamMkfsOptions  = "mkfsOptions"  // extra mkfs arguments, space separated
 	ParamDirectIO     = "directIO"     // true | false (default: the store's)
 	ParamFSType       = "fsType"       // ext4 (default) | xfs
+	// ParamDiscard mounts the filesystem with online discard, so deleted
+	// data goes back to the node's disk at once (thin volumes only).
+	ParamDiscard = "discard" // true | false (default)
 	// Keys under this prefix are set by the external provisioner and ignored.
 	provisionerPrefix = "csi.storage.k8s.io/"
 )
@@ -38,6 +41,7 @@ type spec struct {
 	preallocate bool
 	mkfsOptions []string
 	directIO    *bool
+	discard     bool
 	size        int64 // rounded, within the range
 	required    int64
 	limit       int64
@@ -111,10 +115,16 @@ func parseRequest(caps []*csi.VolumeCapability, params map[string]string, cr *cs
 			s.directIO = &b
 		case ParamFSType:
 			s.fsType = v
+		case ParamDiscard:
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return nil, status.Errorf(codes.InvalidArgument, "parameter %s=%q: want true or false", k, v)
+			}
+			s.discard = b
 		default:
 			if !strings.HasPrefix(k, provisionerPrefix) {
-				return nil, status.Errorf(codes.InvalidArgument, "unknown parameter %q (known: %s, %s, %s, %s)",
-					k, ParamProvisioning, ParamMkfsOptions, ParamDirectIO, ParamFSType)
+				return nil, status.Errorf(codes.InvalidArgument, "unknown parameter %q (known: %s, %s, %s, %s, %s)",
+					k, ParamProvisioning, ParamMkfsOptions, ParamDirectIO, ParamFSType, ParamDiscard)
 			}
 		}
 	}
@@ -123,6 +133,9 @@ func parseRequest(caps []*csi.VolumeCapability, params map[string]string, cr *cs
 			return nil, status.Errorf(codes.InvalidArgument, "parameter %s=%s contradicts the capability's fs_type %s", ParamFSType, s.fsType, capFS)
 		}
 		s.fsType = capFS
+	}
+	if s.discard && (s.preallocate || s.mode == volume.ModeBlock) {
+		return nil, status.Errorf(codes.InvalidArgument, "parameter %s=true applies to thin filesystem volumes only (thick volumes keep their blocks; block volumes are not mounted)", ParamDiscard)
 	}
 	if s.mode == volume.ModeBlock {
 		if s.fsType != "" {
@@ -232,6 +245,8 @@ func (s *spec) incompatibility(v *volume.Volume) string {
 		return fmt.Sprintf("its mkfs options are %q", v.MkfsOptions)
 	case s.directIO != nil && v.DirectIO != *s.directIO:
 		return fmt.Sprintf("its directIO is %t", v.DirectIO)
+	case s.discard != (v.Labels[LabelDiscard] == "true"):
+		return fmt.Sprintf("its discard is %t", !s.discard)
 	}
 	return ""
 }
@@ -320,6 +335,9 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		LabelCSIName:      name,
 		LabelManagedBy:    ManagedByCSI,
 		LabelProvisioning: provisioning(s.preallocate),
+	}
+	if s.discard {
+		labels[LabelDiscard] = "true"
 	}
 	v, err := d.store.Create(ctx, volume.CreateRequest{
 		Name:        name,

@@ -36,6 +36,9 @@ const (
 	ManagedByCSI = "csi"
 	// LabelProvisioning records thin or thick provisioning.
 	LabelProvisioning = "sparsevol.io/provisioning"
+	// LabelDiscard records the StorageClass parameter discard=true: the
+	// node stages the filesystem with the discard mount option.
+	LabelDiscard = "sparsevol.io/discard"
 )
 
 // TopologyKey is the topology segment that pins a volume to its node.

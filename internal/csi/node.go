@@ -115,6 +115,9 @@ func (d *Driver) stage(ctx context.Context, v *volume.Volume, c *csi.VolumeCapab
 		return nil, status.Errorf(codes.Internal, "volume %s: create staging path: %v", v.UUID, err)
 	}
 	flags := c.GetMount().GetMountFlags()
+	if v.Labels[LabelDiscard] == "true" && !slices.Contains(flags, "discard") {
+		flags = append(slices.Clone(flags), "discard")
+	}
 	if err := d.mounter.FormatAndMountSensitiveWithFormatOptions(st.DataDevice, staging, v.FSType, flags, nil, formatOptions(v)); err != nil {
 		return nil, status.Errorf(codes.Internal, "volume %s: mount %s (%s) at %s: %v", v.UUID, st.DataDevice, v.FSType, staging, err)
 	}
