@@ -710,8 +710,15 @@ func SetCapacity(path string, owner FileID) error {
 	return nil
 }
 
-// Size returns the size in bytes the kernel sees for a block device.
+// Size returns the size in bytes the kernel sees for a block device. It
+// reads sysfs (in 512-byte sectors, whatever the logical block size), so it
+// does not open the device; the ioctl is the fallback.
 func Size(path string) (uint64, error) {
+	if resolved, err := filepath.EvalSymlinks(path); err == nil {
+		if sectors, err := readSysUint("/sys/class/block/" + filepath.Base(resolved) + "/size"); err == nil {
+			return sectors * 512, nil
+		}
+	}
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return 0, fmt.Errorf("size %s: %w", path, err)

@@ -392,3 +392,32 @@ func waitForLink(ctx context.Context, link, dev string) error {
 		}
 	}
 }
+
+// ErrDeferred: a detach the kernel postponed until the last opener closes
+// the device (re-exported so callers need not reach into the loop layer).
+var ErrDeferred = loop.ErrDeferred
+
+// WithDevice attaches the volume if needed and runs fn under the volume's
+// lock with its device held open and proven to be the volume's: a device
+// number cannot be detached and rebound to another file while fn formats
+// or mounts it by path.
+func (s *Store) WithDevice(ctx context.Context, ref string, fn func(st *Status) error) error {
+	return s.withVolume(ref, func(v *Volume) error {
+		if v.State != StateReady {
+			return fmt.Errorf("attach %s: state %s: %w", v.Name, v.State, ErrNotReady)
+		}
+		dev, err := s.attachDevice(v)
+		if err != nil {
+			return err
+		}
+		if err := s.finishAttach(ctx, v, dev); err != nil {
+			return err
+		}
+		release, err := loop.Hold(dev.Path, dev.Backing)
+		if err != nil {
+			return fmt.Errorf("attach %s: %w", v.Name, err)
+		}
+		defer release()
+		return fn(s.status(v, []*loop.Device{dev}))
+	})
+}

@@ -22,6 +22,8 @@ type Status struct {
 	FileMissing      bool     `json:"fileMissing,omitempty"`
 	DirectIOActive   bool     `json:"directIO"`
 	MountPoints      []string `json:"mountPoints,omitempty"`
+	// DataDeviceBytes is the size the kernel gives the data device.
+	DataDeviceBytes int64 `json:"dataDeviceBytes,omitempty"`
 	ExtraDevices     []string `json:"extraDevices,omitempty"`
 }
 
@@ -93,6 +95,9 @@ func (s *Store) status(v *Volume, devs []*loop.Device) *Status {
 		}
 		if st.DataDevice != "" {
 			st.MountPoints, _ = loop.MountPoints(st.DataDevice)
+			if size, err := loop.Size(st.DataDevice); err == nil {
+				st.DataDeviceBytes = int64(size)
+			}
 		}
 	}
 	if _, err := os.Stat(st.StablePath); err == nil {
