@@ -465,6 +465,10 @@ func pruneCache(t *testing.T, cfg config, keep string) {
 		if !e.IsDir() || filepath.Join(cfg.cache, e.Name()) == keep || len(name) != 16 || strings.Trim(name, "0123456789abcdef") != "" {
 			continue
 		}
+		manifest, _ := os.ReadFile(filepath.Join(cfg.cache, e.Name(), "complete"))
+		if !strings.HasSuffix(e.Name(), ".partial") && !strings.HasPrefix(string(manifest), "key ") {
+			continue // not an image of this package
+		}
 		logf(t, "image: removing old cache entry %s", e.Name())
 		os.RemoveAll(filepath.Join(cfg.cache, e.Name()))
 	}

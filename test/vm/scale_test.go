@@ -53,10 +53,10 @@ func (r *run) provisionScale(t *testing.T) (*scaleSet, error) {
 	// image's /run is an empty directory under the guest's tmpfs.
 	runSystemd := filepath.Join(mnt, "run/systemd")
 	if _, err := os.Stat(runSystemd); os.IsNotExist(err) {
-		if err := os.MkdirAll(filepath.Join(runSystemd, "system"), 0o755); err != nil {
-			return nil, err
-		}
 		undo = append(undo, func() error { return os.RemoveAll(runSystemd) })
+	}
+	if err := os.MkdirAll(filepath.Join(runSystemd, "system"), 0o755); err != nil {
+		return nil, err
 	}
 	for _, m := range []struct{ args []string }{
 		{[]string{"--bind", "/dev", filepath.Join(mnt, "dev")}},
@@ -70,12 +70,15 @@ func (r *run) provisionScale(t *testing.T) (*scaleSet, error) {
 		undo = append(undo, func() error { return runCmd("umount", target) })
 	}
 
+	if err := runCmd("chroot", mnt, "test", "-d", "/run/systemd/system"); err != nil {
+		return nil, fmt.Errorf("chroot does not look like a systemd host: %v", err)
+	}
 	set := &scaleSet{uuids: map[string]string{}, where: "host, offline in a chroot of the image"}
 	start := time.Now()
 	for i := 1; i <= r.cfg.scaleCount; i++ {
 		name := fmt.Sprintf("s7-%03d", i)
 		var out, errOut bytes.Buffer
-		cmd := exec.Command("chroot", mnt, "/usr/local/bin/sparsevol", "create", name,
+		cmd := exec.Command("chroot", mnt, "/usr/local/bin/sparsevol", "-v", "create", name,
 			"--size", r.cfg.scaleSize, "--no-start")
 		cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "SYSTEMD_OFFLINE=1", "LC_ALL=C"}
 		cmd.Stdout = &out
@@ -85,7 +88,7 @@ func (r *run) provisionScale(t *testing.T) (*scaleSet, error) {
 		}
 		uuid := strings.TrimSpace(out.String())
 		if _, err := os.Lstat(filepath.Join(mnt, "etc/systemd/system/multi-user.target.wants/sparsevol@"+uuid+".service")); err != nil {
-			return set, fmt.Errorf("create %s (%s) did not enable its unit: %v", name, uuid, err)
+			return set, fmt.Errorf("create %s (%s) did not enable its unit: %v\n%s", name, uuid, err, strings.TrimSpace(errOut.String()))
 		}
 		set.names = append(set.names, name)
 		set.uuids[name] = uuid
