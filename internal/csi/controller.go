@@ -460,7 +460,8 @@ func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (
 }
 
 // GetCapacity reports what the store can still promise under its
-// overcommit policy; the same number CreateVolume checks against.
+// overcommit policy (for thick volumes, no more than is free); the same
+// numbers CreateVolume checks against.
 func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
 	if t := req.GetAccessibleTopology(); t != nil && !d.onThisNode(&csi.TopologyRequirement{Requisite: []*csi.Topology{t}}) {
 		return &csi.GetCapacityResponse{}, nil
@@ -481,7 +482,9 @@ func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	capacity := sp.CapacityBytes / volume.MiB * volume.MiB
+	// A thick volume allocates everything now: it must also fit in what is
+	// physically free, whatever the overcommit ratio.
+	capacity := sp.Available(s.preallocate) / volume.MiB * volume.MiB
 	resp := &csi.GetCapacityResponse{
 		AvailableCapacity: capacity,
 		MaximumVolumeSize: wrapperspb.Int64(capacity),

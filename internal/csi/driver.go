@@ -17,7 +17,6 @@ import (
 	mount "k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
 
-	"github.com/sparsevol/sparsevol/internal/loop"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
@@ -191,7 +190,7 @@ func toStatus(err error) error {
 		code = codes.AlreadyExists
 	case errors.Is(err, volume.ErrNoSpace):
 		code = codes.ResourceExhausted
-	case errors.Is(err, volume.ErrBusy), errors.Is(err, loop.ErrBusy):
+	case errors.Is(err, volume.ErrBusy):
 		code = codes.FailedPrecondition
 	case errors.Is(err, volume.ErrNotReady):
 		code = codes.Unavailable

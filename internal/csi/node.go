@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/sparsevol/sparsevol/internal/loop"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
@@ -89,10 +88,25 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 // stage converges a volume to staged: attached and, for mount volumes,
 // mounted at staging. Every step is idempotent.
 func (d *Driver) stage(ctx context.Context, v *volume.Volume, c *csi.VolumeCapability, staging string) (*volume.Status, error) {
-	st, err := d.store.Attach(ctx, v.UUID)
+	// The device is held and proven the volume's while it is formatted and
+	// mounted by path, so a concurrent detach cannot hand its number to
+	// another file in between.
+	var staged *volume.Status
+	err := d.store.WithDevice(ctx, v.UUID, func(st *volume.Status) error {
+		var err error
+		staged, err = d.stageDevice(v, c, staging, st)
+		return err
+	})
 	if err != nil {
+		if _, ok := status.FromError(err); ok {
+			return nil, err
+		}
 		return nil, toStatus(err)
 	}
+	return staged, nil
+}
+
+func (d *Driver) stageDevice(v *volume.Volume, c *csi.VolumeCapability, staging string, st *volume.Status) (*volume.Status, error) {
 	if v.Mode == volume.ModeBlock {
 		if st.DataDevice == "" {
 			return nil, status.Errorf(codes.Internal, "volume %s is attached to %s but the kernel shows no partition to use", v.UUID, st.Device)
@@ -166,7 +180,7 @@ func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 	err = d.store.Detach(ctx, v.UUID)
 	switch {
 	case err == nil:
-	case errors.Is(err, loop.ErrDeferred):
+	case errors.Is(err, volume.ErrDeferred):
 		// Someone still holds the device open; the kernel detaches it at
 		// their last close. Nothing is mounted, so it is unstaged.
 		d.log.Warn("detach deferred until last close", "volume_id", id, "error", err)
@@ -353,12 +367,11 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 		if !containsPath(uses.nodeBind, path) && !samePath(path, st.DataDevice) {
 			return nil, status.Errorf(codes.NotFound, "volume %s is not published at %s", id, path)
 		}
-		size, err := loop.Size(st.DataDevice)
-		if err != nil {
-			return nil, status.Errorf(codes.Internal, "volume %s: %v", id, err)
+		if st.DataDeviceBytes == 0 {
+			return nil, status.Errorf(codes.Internal, "volume %s: size of %s unknown", id, st.DataDevice)
 		}
 		return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
-			{Unit: csi.VolumeUsage_BYTES, Total: int64(size)},
+			{Unit: csi.VolumeUsage_BYTES, Total: st.DataDeviceBytes},
 		}}, nil
 	}
 	if !containsPath(uses.fsMounts, path) {

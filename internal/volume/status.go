@@ -23,8 +23,8 @@ type Status struct {
 	DirectIOActive   bool     `json:"directIO"`
 	MountPoints      []string `json:"mountPoints,omitempty"`
 	// DataDeviceBytes is the size the kernel gives the data device.
-	DataDeviceBytes int64 `json:"dataDeviceBytes,omitempty"`
-	ExtraDevices     []string `json:"extraDevices,omitempty"`
+	DataDeviceBytes int64    `json:"dataDeviceBytes,omitempty"`
+	ExtraDevices    []string `json:"extraDevices,omitempty"`
 }
 
 // AllocatedRatio is allocated bytes over logical size.
