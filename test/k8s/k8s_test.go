@@ -74,7 +74,7 @@ func loadConfig(t *testing.T) config {
 		keep:        os.Getenv("SPARSEVOL_K8S_KEEP") != "",
 		memMiB:      envInt(t, "SPARSEVOL_K8S_MEM", 4096),
 		cpus:        envInt(t, "SPARSEVOL_K8S_CPUS", 2),
-		bootTimeout: time.Duration(envInt(t, "SPARSEVOL_K8S_BOOT_TIMEOUT", 1500)) * time.Second,
+		bootTimeout: time.Duration(envInt(t, "SPARSEVOL_K8S_BOOT_TIMEOUT", 3000)) * time.Second,
 		repo:        repo,
 		goCmd:       goCmd,
 	}

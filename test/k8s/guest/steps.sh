@@ -88,7 +88,8 @@ step_s2_check() {
 	wait_pod_ready pod-s2 600 || fail "pod-s2 not ready after the reboot"
 	fact pod_ready_uptime "$(uptime_at "$(k get pod pod-s2 -o jsonpath='{.status.conditions[?(@.type=="Ready")].lastTransitionTime}')")"
 	fact started_uptime "$(uptime_at "$(k get pod pod-s2 -o jsonpath='{.status.containerStatuses[0].state.running.startedAt}')")"
-	[ "$(read_token pod-s2 fs)" = "$token" ] || fail "pod-s2 lost its data"
+	found_token pod-s2 "$token" || { k logs pod-s2; fail "pod-s2 did not find its data after the reboot"; }
+	[ "$(read_token pod-s2 fs)" = "$token" ] || fail "pod-s2 reads another token"
 	fact data same
 	k logs pod-s2 | head -n 3
 	systemctl show -p ActiveEnterTimestampMonotonic "sparsevol@$(sparsevol status s2 -o json | jq -r .uuid).service"
@@ -123,10 +124,12 @@ step_s3_check() {
 			continue
 		fi
 		fact "${mode}_ready_uptime" "$(uptime_at "$(k get pod "pod-csi-$mode" -o jsonpath='{.status.conditions[?(@.type=="Ready")].lastTransitionTime}')")"
-		if [ "$(read_token "pod-csi-$mode" "$mode")" = "$(cat "$STATE/token-csi-$mode")" ]; then
+		if found_token "pod-csi-$mode" "$(cat "$STATE/token-csi-$mode")" &&
+			[ "$(read_token "pod-csi-$mode" "$mode")" = "$(cat "$STATE/token-csi-$mode")" ]; then
 			fact "${mode}_data" same
 		else
-			log "pod-csi-$mode lost its data"
+			k logs "pod-csi-$mode"
+			log "pod-csi-$mode did not find its data after the reboot"
 			rc=1
 		fi
 	done
