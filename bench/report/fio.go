@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 
 	"golang.org/x/sys/unix"
@@ -131,15 +132,24 @@ func runFio(ctx context.Context, c *config, r *report) error {
 			return err
 		}
 	}
+	r.note("fio: %s file per target, %v per job after 1 s of ramp, median of %d rounds.", c.fileSize, c.runtime, c.rounds)
 	r.note("fio: rows of the buffered loop device can exceed 1.00 on reads: fio's direct=1 bypasses the volume's page cache, but the loop device then reads the backing file through the host's page cache (the double caching direct I/O removes), which the ceiling row never uses; its page cache is dropped before each job, not during it.")
 	for _, j := range fioJobs {
-		results := make([]float64, len(targets))
-		for i, t := range targets {
-			v, err := fio(ctx, c, t, j, true)
-			if err != nil {
-				return err
+		// Rounds over all targets, the median per target: load from
+		// other work on the machine hits every target alike.
+		samples := make([][]float64, len(targets))
+		for range c.rounds {
+			for i, t := range targets {
+				v, err := fio(ctx, c, t, j, true)
+				if err != nil {
+					return err
+				}
+				samples[i] = append(samples[i], v)
 			}
-			results[i] = v
+		}
+		results := make([]float64, len(targets))
+		for i := range samples {
+			results[i] = medianF(samples[i])
 		}
 		unit := func(v float64) string {
 			if j.seq {
@@ -242,4 +252,10 @@ func dropCache(path string) {
 	defer f.Close()
 	unix.Fdatasync(int(f.Fd()))
 	unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+}
+
+func medianF(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
 }

@@ -30,6 +30,7 @@ type config struct {
 	volumes  int
 	creates  int
 	steps    string
+	rounds   int
 }
 
 func main() {
@@ -37,7 +38,8 @@ func main() {
 	flag.StringVar(&c.dir, "dir", "/var/tmp", "scratch directory; its filesystem is the backing filesystem measured")
 	flag.StringVar(&c.out, "out", "bench", "directory for REPORT.md and report.svg")
 	flag.StringVar(&c.bin, "bin", "bin/sparsevol", "sparsevol binary (for the process measurements)")
-	flag.DurationVar(&c.runtime, "fio-runtime", 5*time.Second, "fio runtime per job")
+	flag.DurationVar(&c.runtime, "fio-runtime", 2*time.Second, "fio runtime per job and round")
+	flag.IntVar(&c.rounds, "rounds", 3, "rounds of every fio job and of the attach/detach measurements (medians are reported)")
 	flag.StringVar(&c.fileSize, "fio-size", "512M", "fio file size")
 	flag.IntVar(&c.volumes, "volumes", 1000, "volumes for the attach/detach rows")
 	flag.IntVar(&c.creates, "creates", 10, "creates per filesystem for the latency median")

@@ -185,7 +185,7 @@ func (s *Store) reserve(req CreateRequest) (*Volume, error) {
 		BackingFile: s.backingPath(req.UUID),
 		Preallocate: req.Preallocate,
 		DirectIO:    directIO,
-		BlockSize:   blockSizeFor(s.root),
+		BlockSize:   blockSizeForMode(s.root, req.Mode),
 		MkfsOptions: req.MkfsOptions,
 		State:       StateCreating,
 		Created:     time.Now().UTC().Truncate(time.Second),

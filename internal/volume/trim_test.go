@@ -309,8 +309,15 @@ func TestDirectIOFallback(t *testing.T) {
 		make       func(t *testing.T) string // returns the ref
 		wantDirect bool
 	}{
-		{"created matches the 4096 alignment", func(t *testing.T) string {
+		{"created filesystem volume", func(t *testing.T) string {
 			v := mustCreate(t, s, CreateRequest{Name: "native", SizeBytes: 32 << 20})
+			if v.BlockSize != FilesystemBlockSize {
+				t.Errorf("block size %d, want %d", v.BlockSize, FilesystemBlockSize)
+			}
+			return v.Name
+		}, true},
+		{"created block volume matches the 4096 alignment", func(t *testing.T) string {
+			v := mustCreate(t, s, CreateRequest{Name: "raw", SizeBytes: 8 << 20, Mode: ModeBlock, NoPartition: true})
 			if v.BlockSize != 4096 {
 				t.Errorf("block size %d on a 4Kn store, want 4096", v.BlockSize)
 			}
