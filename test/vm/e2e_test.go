@@ -607,7 +607,8 @@ func (r *run) printFigures(t *testing.T, img image, total time.Duration) {
 	} else {
 		logf(t, "image build: cached")
 	}
-	logf(t, "%-24s %8s %10s %10s %8s %14s", "boot", "wall", "userspace", "kubelet", "units", "last attached")
+	logf(t, "times from kernel start; host load: the host's 1-minute load average when the boot started (2 cores)")
+	logf(t, "%-24s %8s %10s %10s %8s %14s %10s", "boot", "wall", "userspace", "kubelet", "units", "last attached", "host load")
 	for _, name := range r.order {
 		b := r.results[name]
 		u, _ := monotonic(b.facts["manager.UserspaceTimestampMonotonic"])
@@ -622,7 +623,7 @@ func (r *run) printFigures(t *testing.T, img image, total time.Duration) {
 		if b.killed {
 			end = "kill"
 		}
-		logf(t, "%-24s %7.1fs %9.2fs %9.2fs %8d %13.2fs  (%s)", name, b.wall.Seconds(), u.Seconds(), k.Seconds(), len(b.units), last.Seconds(), end)
+		logf(t, "%-24s %7.1fs %9.2fs %9.2fs %8d %13.2fs %10s  (%s)", name, b.wall.Seconds(), u.Seconds(), k.Seconds(), len(b.units), last.Seconds(), b.hostLoad, end)
 	}
 	for _, f := range r.figures {
 		logf(t, "%s", f)

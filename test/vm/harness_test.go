@@ -313,6 +313,7 @@ type stepSpec struct {
 type bootResult struct {
 	spec     bootSpec
 	wall     time.Duration // qemu start to qemu exit
+	hostLoad string        // host load average when the boot started
 	killed   bool          // ended by SIGKILL after the guest reported ready
 	err      error         // the boot itself failed (timeout, crash, driver never ran)
 	console  string
@@ -379,7 +380,10 @@ func (r *run) boot(t *testing.T, spec bootSpec) *bootResult {
 	cmd.Stderr = qlog
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	start := time.Now()
-	logf(t, "boot %s: starting (steps: %s; then %s)", spec.name, stepNames(spec.steps), spec.next)
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		res.hostLoad = strings.Fields(string(b))[0]
+	}
+	logf(t, "boot %s: starting (steps: %s; then %s; host load %s)", spec.name, stepNames(spec.steps), spec.next, res.hostLoad)
 	if err := cmd.Start(); err != nil {
 		res.err = fmt.Errorf("qemu: %v", err)
 		return res
