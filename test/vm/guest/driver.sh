@@ -27,20 +27,21 @@ while read -r step limit; do
 done <"$E2E/boot/steps"
 
 next=$(cat "$E2E/boot/next")
+if [ "$next" = kill ]; then
+	# The reset comes right after the last step: no sync beyond what the
+	# steps fsynced themselves, so it finds exactly what a crash would.
+	echo "$next" >"$OUT/done"
+	say "ready to be killed"
+	echo ready >"$OUT/kill-me"
+	sleep infinity
+fi
 journalctl -b -o short-monotonic --no-pager >"$OUT/journal-end.txt" 2>&1
-# Before a hard reset nothing is synced beyond what the steps fsynced
-# themselves: the reset must find exactly what a crash would.
-[ "$next" = kill ] || sync
+sync
 echo "$next" >"$OUT/done"
 case "$next" in
 reboot)
 	say "rebooting"
 	systemctl --no-block reboot
-	;;
-kill)
-	say "ready to be killed"
-	echo ready >"$OUT/kill-me"
-	sleep infinity
 	;;
 *)
 	say "powering off"
