@@ -583,6 +583,7 @@ func checkScale(t *testing.T, r *run) {
 		fmt.Sprintf("scale: kernel start -> kubelet start: %s with %d volumes, %s with none (baseline boot %s)", secs(k1), len(names), secs(k0), base.spec.name),
 		fmt.Sprintf("scale: kernel start -> systemd (userspace): %s with volumes, %s baseline", secs(u1), secs(u0)),
 		fmt.Sprintf("scale: boot cost of %d volumes (kubelet start with - without): %s (target < 5 s)", len(names), secs(cost)),
+		fmt.Sprintf("scale: units started (systemd ran ExecStart) %s; became active %s", spread(after, set, "InactiveExitTimestampMonotonic"), spread(after, set, "ActiveEnterTimestampMonotonic")),
 	)
 	for _, f := range r.figures {
 		logf(t, "%s", f)
@@ -598,6 +599,23 @@ func checkScale(t *testing.T, r *run) {
 }
 
 func secs(d time.Duration) string { return fmt.Sprintf("%.2f s", d.Seconds()) }
+
+// spread summarises one timestamp of the scale set's units: first, median
+// and last, and how many have it.
+func spread(b *bootResult, set *scaleSet, prop string) string {
+	var ts []time.Duration
+	for _, n := range set.names {
+		if at, ok := monotonic(b.units["sparsevol@"+set.uuids[n]+".service"][prop]); ok {
+			ts = append(ts, at)
+		}
+	}
+	if len(ts) == 0 {
+		return "(none)"
+	}
+	sort.Slice(ts, func(i, j int) bool { return ts[i] < ts[j] })
+	return fmt.Sprintf("first %.1f s, median %.1f s, last %.1f s (%d units)",
+		ts[0].Seconds(), ts[len(ts)/2].Seconds(), ts[len(ts)-1].Seconds(), len(ts))
+}
 
 // printFigures prints the measured boot figures of every boot.
 func (r *run) printFigures(t *testing.T, img image, total time.Duration) {
