@@ -40,9 +40,12 @@ uninstall:
 # The issue-5 report: fio through volumes against the backing file,
 # attach/detach of 1000 volumes against losetup, create latency, space
 # given back by trim, peak RSS. Writes bench/REPORT.md and bench/report.svg
-# and prints the table. Needs root and fio; takes a few minutes.
+# and prints the table. Needs root and fio; takes about ten minutes (three
+# rounds of everything, for medians on a shared machine).
+# BENCH_FLAGS passes options, e.g. BENCH_FLAGS="-rounds 1" for a quicker run.
+BENCH_FLAGS ?=
 bench: build
-	$(GO) run ./bench/report -out bench -bin bin/sparsevol
+	$(GO) run ./bench/report -out bench -bin bin/sparsevol $(BENCH_FLAGS)
 
 # The Go benchmarks (engine vs losetup at 200 volumes, create, RSS).
 bench-go: build

@@ -120,14 +120,12 @@ func (r *report) svg() string {
 		top         = 40
 		headH       = 26
 	)
-	lo, hi := 0.1, 100.0
+	lo, hi := 0.5, 2.0
 	for _, rw := range r.rows {
 		if rw.ratio > 0 {
-			lo, hi = math.Min(lo, rw.ratio), math.Max(hi, rw.ratio)
+			lo, hi = math.Min(lo, rw.ratio/1.25), math.Max(hi, rw.ratio*1.25)
 		}
 	}
-	lo = math.Pow(10, math.Floor(math.Log10(lo)))
-	hi = math.Pow(10, math.Ceil(math.Log10(hi)))
 	plotW := float64(width - left - right)
 	x := func(v float64) float64 {
 		if v <= 0 {
@@ -149,11 +147,11 @@ func (r *report) svg() string {
 	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", width, height)
 	fmt.Fprintf(&b, `<text x="10" y="22" font-size="15" font-weight="bold">sparsevol: ratio to the same-run baseline (log scale, higher is better)</text>`+"\n")
 	// Grid at every power of ten and at 1.
-	for v := lo; v <= hi*1.0001; v *= 10 {
+	for v := math.Pow(10, math.Floor(math.Log10(lo))); v <= hi; v *= 10 {
 		for _, m := range []float64{1, 2, 5} {
 			gv := v * m
-			if gv > hi*1.0001 {
-				break
+			if gv < lo || gv > hi {
+				continue
 			}
 			stroke, w := "#ddd", 1
 			if gv == 1 {
