@@ -232,8 +232,8 @@ func TestKubernetes(t *testing.T) {
 			return
 		}
 		f := b2.facts("s2-check")
-		fig("scenario 2 (node mode, unit enabled): pod Ready %ss after boot (container started at %ss), data %s",
-			f["pod_ready_uptime"], f["started_uptime"], f["data"])
+		fig("scenario 2 (node mode, unit enabled): pod Ready %ss after boot (container started at %ss), data %s; unit %s",
+			f["pod_ready_uptime"], f["started_uptime"], f["data"], f["unit_state"])
 	})
 	t.Run("3-csi-mode", func(t *testing.T) {
 		r.needStep(t, b1, "s3-setup")

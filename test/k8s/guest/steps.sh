@@ -92,7 +92,10 @@ step_s2_check() {
 	[ "$(read_token pod-s2 fs)" = "$token" ] || fail "pod-s2 reads another token"
 	fact data same
 	k logs pod-s2 | head -n 3
-	systemctl show -p ActiveEnterTimestampMonotonic "sparsevol@$(sparsevol status s2 -o json | jq -r .uuid).service"
+	# The unit's own verdict at boot (the pod can come back even when the
+	# unit failed late, e.g. on the udev wait).
+	fact unit_state "$(systemctl show -p ActiveState,Result "sparsevol@$(sparsevol status s2 -o json | jq -r .uuid).service" | tr '\n' ' ')"
+	journalctl -b --no-pager -u "sparsevol@$(sparsevol status s2 -o json | jq -r .uuid).service" | tail -n 5
 }
 
 # CSI mode: dynamically provisioned volumes (WaitForFirstConsumer), one
