@@ -127,6 +127,11 @@ func (m Manager) Disable(ctx context.Context, uuid string) error {
 		}
 	}
 	os.Remove(filepath.Join(m.dir(), "multi-user.target.wants", UnitName(uuid)))
+	// A unit that failed once (say, udev was late at boot) stays loaded as
+	// failed after its volume is gone unless told to forget it.
+	if Running() {
+		_ = systemctl(ctx, "reset-failed", UnitName(uuid))
+	}
 	os.RemoveAll(filepath.Dir(m.DropInPath(uuid)))
 	return m.reload(ctx)
 }

@@ -14,10 +14,10 @@ func TestRender(t *testing.T) {
 		want, notWant      []string
 	}{
 		{"defaults", "", "",
-			[]string{"ExecStart=/usr/local/bin/sparsevol attach %i", "ExecStop=/usr/local/bin/sparsevol detach %i",
+			[]string{"ExecStart=/usr/local/bin/sparsevol --udev-timeout=80s attach %i", "ExecStop=/usr/local/bin/sparsevol detach %i",
 				"RequiresMountsFor=/var/lib/sparsevol", "Before=kubelet.service", "Environment=SPARSEVOL_ROOT=/var/lib/sparsevol"}, nil},
 		{"other binary and store", "/opt/bin/sparsevol", "/srv/store",
-			[]string{"ExecStart=/opt/bin/sparsevol attach %i", "RequiresMountsFor=/srv/store", "SPARSEVOL_ROOT=/srv/store"},
+			[]string{"ExecStart=/opt/bin/sparsevol --udev-timeout=80s attach %i", "RequiresMountsFor=/srv/store", "SPARSEVOL_ROOT=/srv/store"},
 			[]string{"/usr/local/bin", "/var/lib/sparsevol"}},
 	}
 	for _, tt := range tests {
