@@ -114,8 +114,8 @@ func (r *report) write(dir string) error {
 // target is met, red where missed, grey where the issue sets none.
 func (r *report) svg() string {
 	const (
-		left, right = 430, 40
-		width       = 1000
+		left, right = 560, 40
+		width       = 1160
 		barH, gap   = 16, 6
 		top         = 40
 		headH       = 26
@@ -177,7 +177,7 @@ func (r *report) svg() string {
 		if x1 < x0 {
 			x0, x1 = x1, x0
 		}
-		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end">%s</text>`+"\n", left-8, y+barH-4, xmlEscape(rw.name))
+		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end" font-size="11">%s</text>`+"\n", left-8, y+barH-4, xmlEscape(rw.name))
 		fmt.Fprintf(&b, `<rect x="%.1f" y="%d" width="%.1f" height="%d" fill="%s"/>`+"\n", x0, y, math.Max(x1-x0, 1), barH, color)
 		fmt.Fprintf(&b, `<text x="%.1f" y="%d" fill="#000">%.2f</text>`+"\n", math.Max(x(rw.ratio), x(1))+4, y+barH-4, rw.ratio)
 		y += barH + gap
