@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -57,13 +58,32 @@ func runAttach(ctx context.Context, c *config, r *report) error {
 		}
 	}()
 	createStart := time.Now()
+	files, uuids = make([]string, c.volumes), make([]string, c.volumes)
+	var wg sync.WaitGroup
+	errs := make(chan error, c.volumes)
+	next := make(chan int)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				v, err := s.Create(ctx, volume.CreateRequest{Name: fmt.Sprintf("v%04d", i), SizeBytes: volume.MiB, Mode: volume.ModeBlock, NoPartition: true})
+				if err != nil {
+					errs <- err
+					continue
+				}
+				files[i], uuids[i] = v.BackingFile, v.UUID
+			}
+		}()
+	}
 	for i := range c.volumes {
-		v, err := s.Create(ctx, volume.CreateRequest{Name: fmt.Sprintf("v%04d", i), SizeBytes: volume.MiB, Mode: volume.ModeBlock, NoPartition: true})
-		if err != nil {
-			return err
-		}
-		files = append(files, v.BackingFile)
-		uuids = append(uuids, v.UUID)
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return err
 	}
 	fmt.Printf("  (created %d volumes in %v)\n", c.volumes, time.Since(createStart).Round(time.Millisecond))
 	n := c.volumes
