@@ -404,3 +404,41 @@ func TestControllerRules(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCapacityThinAndThick: with overcommit, thin volumes may promise more
+// than is free, thick ones never (they allocate everything at once).
+func TestCapacityThinAndThick(t *testing.T) {
+	e := newTestEnv(t, envOptions{tmpfsBytes: 128 << 20, overcommit: 3})
+	ctx := context.Background()
+	mountRW := rwCap(volume.ModeFilesystem, "ext4")
+	sp, err := e.store.Space()
+	if err != nil {
+		t.Fatal(err)
+	}
+	capacity := func(provisioning string) int64 {
+		t.Helper()
+		resp, err := e.ctrl.GetCapacity(ctx, &csi.GetCapacityRequest{
+			VolumeCapabilities: []*csi.VolumeCapability{mountRW},
+			Parameters:         map[string]string{ParamProvisioning: provisioning},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetAvailableCapacity()
+	}
+	thin, thick := capacity("thin"), capacity("thick")
+	if thin <= sp.FreeBytes || thick > sp.FreeBytes {
+		t.Fatalf("free %d: thin capacity %d (want more), thick %d (want at most free)", sp.FreeBytes, thin, thick)
+	}
+	_, err = e.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "thick-too-big", VolumeCapabilities: []*csi.VolumeCapability{mountRW},
+		Parameters:    map[string]string{ParamProvisioning: "thick"},
+		CapacityRange: &csi.CapacityRange{RequiredBytes: thick + 8*mib}})
+	wantCode(t, err, codes.ResourceExhausted)
+	if vols, _ := e.store.List(); len(vols) != 0 {
+		t.Fatalf("a refused thick volume left %d volumes", len(vols))
+	}
+	vol := e.createVolume(t, "thin-beyond-free", sp.FreeBytes+16*mib, mountRW, nil)
+	if _, err := e.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: vol.GetVolumeId()}); err != nil {
+		t.Fatal(err)
+	}
+}

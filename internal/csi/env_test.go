@@ -47,6 +47,8 @@ type envOptions struct {
 	// tmpfsBytes, if set, puts the store on a tmpfs of that size, so that
 	// capacity tests see a filesystem nothing else writes to.
 	tmpfsBytes int64
+	// overcommit is the store's overcommit ratio (0: the default, 1).
+	overcommit float64
 }
 
 // newTestEnv starts a plugin for t. At cleanup it checks that no loop
@@ -81,7 +83,7 @@ func newTestEnv(t testing.TB, opts ...envOptions) *testEnv {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	off := false
-	store, err := volume.Open(root, volume.Options{Logger: log, DirectIO: &off})
+	store, err := volume.Open(root, volume.Options{Logger: log, DirectIO: &off, OvercommitRatio: o.overcommit})
 	if err != nil {
 		t.Fatal(err)
 	}
