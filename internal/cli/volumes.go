@@ -73,7 +73,8 @@ elsewhere the volume is attached directly. Prints the UUID.`,
 			if err != nil {
 				return err
 			}
-			if err := g.activate(cmd.Context(), s, v, !noStart); err != nil {
+			// The unit is enabled already (BeforeReady); only start it.
+			if err := g.start(cmd.Context(), s, v, !noStart); err != nil {
 				return fmt.Errorf("volume %s (%s) was created, but: %w", v.Name, v.UUID, err)
 			}
 			fmt.Fprintln(g.stdout, v.UUID)
@@ -91,6 +92,19 @@ elsewhere the volume is attached directly. Prints the UUID.`,
 	f.BoolVar(&noStart, "no-start", false, "enable the unit but do not attach now")
 	f.BoolVar(&directIO, "direct-io", true, "direct I/O from the loop device to the backing file (falls back to buffered where refused)")
 	return cmd
+}
+
+// start starts the enabled unit of a volume (or, without systemd, attaches
+// it directly) if start is set.
+func (g *globals) start(ctx context.Context, s *volume.Store, v *volume.Volume, start bool) error {
+	switch {
+	case !start:
+		return nil
+	case systemd.Running():
+		return g.units().Start(ctx, v.UUID)
+	}
+	_, err := s.Attach(ctx, v.UUID)
+	return err
 }
 
 // activate hands a ready volume to systemd (enable, and start if start)

@@ -359,3 +359,15 @@ func TestScanMatchesList(t *testing.T) {
 		}
 	}
 }
+
+func TestNotifyChange(t *testing.T) {
+	testutil.RequireRoot(t)
+	path, _ := backingFile(t, 16<<20)
+	dev := attach(t, path, AttachOptions{})
+	if err := NotifyChange(dev.Path); err != nil {
+		t.Fatal(err)
+	}
+	if err := NotifyChange("/dev/sda"); err == nil {
+		t.Fatal("NotifyChange accepted a device that is not a loop device")
+	}
+}

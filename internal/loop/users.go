@@ -149,3 +149,24 @@ func ioctlPtr(fd int, req uint, arg *uint64) error {
 	}
 	return nil
 }
+
+// NotifyChange makes the kernel send udev a "change" event for the device
+// and its partitions, so udev probes again what mkfs or sgdisk just wrote.
+// udev re-probes on its own when a writer closes a device it watches, but
+// the watch may not be in place yet on a device bound a moment ago.
+func NotifyChange(path string) error {
+	n, err := parseNumber(path)
+	if err != nil {
+		return err
+	}
+	name := fmt.Sprintf("loop%d", n)
+	dirs := []string{filepath.Join("/sys/block", name)}
+	parts, _ := filepath.Glob(filepath.Join("/sys/block", name, name+"p*"))
+	dirs = append(dirs, parts...)
+	for _, dir := range dirs {
+		if err := os.WriteFile(filepath.Join(dir, "uevent"), []byte("change"), 0); err != nil {
+			return fmt.Errorf("notify udev of %s: %w", filepath.Base(dir), err)
+		}
+	}
+	return nil
+}

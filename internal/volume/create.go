@@ -234,6 +234,13 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) error {
 	if err := s.format(ctx, v, dev); err != nil {
 		return err
 	}
+	if udevRunning() {
+		// Have udev probe the new filesystem or partition table now; the
+		// stable link is waited for below (and by the unit).
+		if err := loop.NotifyChange(dev.Path); err != nil {
+			s.log.Warn("udev change event", "volume", v.Name, "error", err)
+		}
+	}
 	crashPoint("create:formatted")
 	if req.BeforeReady != nil {
 		if err := req.BeforeReady(v); err != nil {
