@@ -310,34 +310,51 @@ func status(fd, n int) (*Device, error) {
 // a backing file and asks each device for its identity; devices that are
 // detached between the scan and the ioctl are skipped.
 func List() ([]*Device, error) {
-	entries, err := os.ReadDir("/sys/block")
+	var devs []*Device
+	err := eachBound(func(n int, _ string) error {
+		dev, err := Get(devicePath(n))
+		if errors.Is(err, ErrNotAttached) {
+			return nil // detached since the scan
+		}
+		if err != nil {
+			return err
+		}
+		devs = append(devs, dev)
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("list loop devices: %w", err)
 	}
-	var devs []*Device
+	return devs, nil
+}
+
+// eachBound calls fn for every loop device sysfs shows bound, with the
+// backing file's path as sysfs gives it (the loop/ attribute group exists
+// only while a file is bound). It opens no device.
+func eachBound(fn func(n int, backingPath string) error) error {
+	entries, err := os.ReadDir("/sys/block")
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 4096)
 	for _, e := range entries {
 		name := e.Name()
 		if !strings.HasPrefix(name, "loop") {
 			continue
 		}
-		n, err := strconv.Atoi(strings.TrimPrefix(name, "loop"))
+		n, err := strconv.Atoi(name[4:])
 		if err != nil {
 			continue
 		}
-		// The loop/ attribute group exists only while a file is bound.
-		if _, err := os.Stat(filepath.Join("/sys/block", name, "loop", "backing_file")); err != nil {
+		path, ok := readSysString("/sys/block/"+name+"/loop/backing_file", buf)
+		if !ok {
 			continue
 		}
-		dev, err := Get(devicePath(n))
-		if errors.Is(err, ErrNotAttached) {
-			continue
+		if err := fn(n, path); err != nil {
+			return err
 		}
-		if err != nil {
-			return nil, fmt.Errorf("list loop devices: %w", err)
-		}
-		devs = append(devs, dev)
 	}
-	return devs, nil
+	return nil
 }
 
 // Scan returns every bound device like List, but without opening any of
@@ -349,38 +366,22 @@ func List() ([]*Device, error) {
 // must avoid: an open at the wrong moment turns someone's detach into a
 // deferred one. Operations that change a device verify it by ioctl anyway.
 func Scan() ([]*Device, error) {
-	entries, err := os.ReadDir("/sys/block")
-	if err != nil {
-		return nil, fmt.Errorf("scan loop devices: %w", err)
-	}
 	buf := make([]byte, 4096)
 	var devs []*Device
-	for _, e := range entries {
-		name := e.Name()
-		if !strings.HasPrefix(name, "loop") {
-			continue
-		}
-		n, err := strconv.Atoi(name[4:])
-		if err != nil {
-			continue
-		}
-		sys := "/sys/block/" + name
-		path, ok := readSysString(sys+"/loop/backing_file", buf)
-		if !ok {
-			continue // not bound
-		}
+	err := eachBound(func(n int, path string) error {
 		var st unix.Stat_t
 		if strings.HasSuffix(path, " (deleted)") || unix.Stat(path, &st) != nil {
 			dev, err := Get(devicePath(n))
 			if errors.Is(err, ErrNotAttached) {
-				continue
+				return nil
 			}
 			if err != nil {
-				return nil, fmt.Errorf("scan loop devices: %w", err)
+				return err
 			}
 			devs = append(devs, dev)
-			continue
+			return nil
 		}
+		sys := fmt.Sprintf("/sys/block/loop%d", n)
 		dev := &Device{Path: devicePath(n), Number: n, Backing: FileID{Dev: st.Dev, Inode: st.Ino}}
 		for attr, flag := range map[string]uint32{
 			"/loop/autoclear": unix.LO_FLAGS_AUTOCLEAR, "/loop/partscan": unix.LO_FLAGS_PARTSCAN,
@@ -396,6 +397,10 @@ func Scan() ([]*Device, error) {
 			}
 		}
 		devs = append(devs, dev)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("scan loop devices: %w", err)
 	}
 	return devs, nil
 }
@@ -423,39 +428,26 @@ func Find(id FileID) (*Device, error) {
 // path has the identity sought, or cannot be resolved here (deleted, or
 // from another mount namespace). The ioctl stays the proof.
 func FindAll(id FileID) ([]*Device, error) {
-	entries, err := os.ReadDir("/sys/block")
-	if err != nil {
-		return nil, fmt.Errorf("find backing %d:%d: %w", id.Dev, id.Inode, err)
-	}
 	var out []*Device
-	buf := make([]byte, 4096)
-	for _, e := range entries {
-		name := e.Name()
-		if !strings.HasPrefix(name, "loop") {
-			continue
-		}
-		n, err := strconv.Atoi(name[4:])
-		if err != nil {
-			continue
-		}
-		path, ok := readSysString("/sys/block/"+name+"/loop/backing_file", buf)
-		if !ok {
-			continue // not bound
-		}
+	err := eachBound(func(n int, path string) error {
 		var st unix.Stat_t
 		if unix.Stat(path, &st) == nil && (st.Dev != id.Dev || st.Ino != id.Inode) {
-			continue // bound to some other file
+			return nil // bound to some other file
 		}
 		dev, err := Get(devicePath(n))
 		if errors.Is(err, ErrNotAttached) {
-			continue
+			return nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("find backing %d:%d: %w", id.Dev, id.Inode, err)
+			return err
 		}
 		if dev.Backing == id {
 			out = append(out, dev)
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("find backing %d:%d: %w", id.Dev, id.Inode, err)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Number < out[j].Number })
 	return out, nil

@@ -43,18 +43,29 @@ func Users(n int) []string {
 // MountPoints returns where the device path (a loop device or partition) is
 // mounted in this mount namespace.
 func MountPoints(path string) ([]string, error) {
+	return ReadMountTable().Of(path)
+}
+
+// MountTable maps "major:minor" to mount points, read once from mountinfo
+// so that callers reporting many devices do not read it per device.
+type MountTable map[string][]string
+
+// ReadMountTable reads this mount namespace's mountinfo.
+func ReadMountTable() MountTable {
+	t := MountTable{}
+	for _, m := range mountEntries() {
+		t[m.devnum] = append(t[m.devnum], m.point)
+	}
+	return t
+}
+
+// Of returns where the device path is mounted.
+func (t MountTable) Of(path string) ([]string, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err != nil {
 		return nil, fmt.Errorf("mount points of %s: %w", path, err)
 	}
-	key := fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
-	var out []string
-	for _, m := range mountEntries() {
-		if m.devnum == key {
-			out = append(out, m.point)
-		}
-	}
-	return out, nil
+	return t[fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))], nil
 }
 
 type mountEntry struct{ devnum, point string }

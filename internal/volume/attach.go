@@ -136,7 +136,7 @@ func (s *Store) Attach(ctx context.Context, ref string) (*Status, error) {
 		if err := s.finishAttach(ctx, v, dev); err != nil {
 			return err
 		}
-		st = s.status(v, []*loop.Device{dev})
+		st = s.status(v, []*loop.Device{dev}, nil)
 		return nil
 	})
 	return st, err
@@ -208,11 +208,12 @@ func (s *Store) AttachAll(ctx context.Context) ([]*Status, error) {
 	// Wait for udev once for all, not volume by volume, with one deadline.
 	ctx, cancel := context.WithTimeout(ctx, s.opts.UdevTimeout)
 	defer cancel()
+	mounts := loop.ReadMountTable() // once for all volumes
 	for v, dev := range attached {
 		if err := s.finishAttach(ctx, v, dev); err != nil {
 			errs = append(errs, err)
 		}
-		out = append(out, s.status(v, []*loop.Device{dev}))
+		out = append(out, s.status(v, []*loop.Device{dev}, mounts))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, errors.Join(errs...)
@@ -422,6 +423,6 @@ func (s *Store) WithDevice(ctx context.Context, ref string, fn func(st *Status) 
 			return fmt.Errorf("attach %s: %w", v.Name, err)
 		}
 		defer release()
-		return fn(s.status(v, []*loop.Device{dev}))
+		return fn(s.status(v, []*loop.Device{dev}, nil))
 	})
 }

@@ -58,10 +58,11 @@ func (s *Store) Statuses() ([]*Status, error) {
 	for _, d := range devs {
 		byFile[d.Backing] = append(byFile[d.Backing], d)
 	}
+	mounts := loop.ReadMountTable() // once, not per volume
 	out := make([]*Status, 0, len(vols))
 	for _, v := range vols {
 		id, _ := loop.FileIDOf(v.BackingFile)
-		out = append(out, s.status(v, byFile[id]))
+		out = append(out, s.status(v, byFile[id], mounts))
 	}
 	return out, nil
 }
@@ -71,10 +72,12 @@ func (s *Store) statusOf(v *Volume) *Status {
 	if id, err := loop.FileIDOf(v.BackingFile); err == nil {
 		devs, _ = loop.FindAll(id)
 	}
-	return s.status(v, devs)
+	return s.status(v, devs, nil)
 }
 
-func (s *Store) status(v *Volume, devs []*loop.Device) *Status {
+// status joins v with its devices; mounts may be nil (read here) or a
+// table the caller read once for many volumes.
+func (s *Store) status(v *Volume, devs []*loop.Device, mounts loop.MountTable) *Status {
 	st := &Status{Volume: *v, StablePath: v.StablePath()}
 	var fi os.FileInfo
 	fi, err := os.Stat(v.BackingFile)
@@ -94,7 +97,10 @@ func (s *Store) status(v *Volume, devs []*loop.Device) *Status {
 			st.ExtraDevices = append(st.ExtraDevices, extra.Path)
 		}
 		if st.DataDevice != "" {
-			st.MountPoints, _ = loop.MountPoints(st.DataDevice)
+			if mounts == nil {
+				mounts = loop.ReadMountTable()
+			}
+			st.MountPoints, _ = mounts.Of(st.DataDevice)
 			if size, err := loop.Size(st.DataDevice); err == nil {
 				st.DataDeviceBytes = int64(size)
 			}
