@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -18,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
+
+	"github.com/sparsevol/sparsevol/internal/unixsock"
 )
 
 // ParseEndpoint turns unix:///path, unix:/path or a bare absolute path
@@ -44,25 +45,9 @@ func ParseEndpoint(endpoint string) (string, error) {
 	return filepath.Clean(path), nil
 }
 
-// Listen removes a stale socket left by a previous run (only a socket,
-// never another kind of file) and listens on path.
+// Listen makes the CSI endpoint socket (replacing a stale one).
 func Listen(path string) (net.Listener, error) {
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&fs.ModeSocket == 0 {
-			return nil, fmt.Errorf("listen %s: exists and is not a socket", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("listen %s: remove stale socket: %w", path, err)
-		}
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		return nil, fmt.Errorf("listen %s: %w", path, err)
-	}
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("listen %s: %w", path, err)
-	}
-	return l, nil
+	return unixsock.Listen(path)
 }
 
 // NewGRPCServer returns a gRPC server with the driver's three services

@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -22,6 +21,8 @@ import (
 
 	"google.golang.org/grpc"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/sparsevol/sparsevol/internal/unixsock"
 )
 
 // DefaultRegistrationDir is where kubelet watches for plugin sockets.
@@ -135,22 +136,10 @@ func (s *Server) Notified() <-chan struct{} { return s.notified }
 // Kubelet's watcher may dial the socket the moment it appears; the
 // connection waits in the listen backlog until Serve answers it.
 func Listen(path string) (net.Listener, error) {
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&fs.ModeSocket == 0 {
-			return nil, fmt.Errorf("registration socket %s: exists and is not a socket", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("registration socket %s: remove stale socket: %w", path, err)
-		}
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		return nil, fmt.Errorf("registration socket %s: %w", path, err)
-	}
-	l, err := net.Listen("unix", path)
+	ul, err := unixsock.Listen(path)
 	if err != nil {
-		return nil, fmt.Errorf("registration socket %s: %w", path, err)
+		return nil, fmt.Errorf("registration socket: %w", err)
 	}
-	ul := l.(*net.UnixListener)
 	// Serve removes the socket itself, and only while it is still this one.
 	ul.SetUnlinkOnClose(false)
 	fi, err := os.Lstat(path)
