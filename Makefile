@@ -2,6 +2,7 @@
 PREFIX   ?= /usr/local
 BINDIR   ?= $(PREFIX)/bin
 UNITDIR  ?= /etc/systemd/system
+GENERATORDIR ?= /etc/systemd/system-generators
 STORE    ?= /var/lib/sparsevol
 DESTDIR  ?=
 # sudo resets PATH; find Go where the official tarball puts it.
@@ -24,17 +25,24 @@ vet:
 test: build vet
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
+UNITS    = sparsevol@.service sparsevol-boot.service sparsevol-boot-done.service
+
+# The same files `sparsevol units install` writes: the units, and the boot
+# generator, a link to the binary (see deploy/systemd/sparsevol-boot.service).
 install: build
 	install -D -m 0755 bin/sparsevol $(DESTDIR)$(BINDIR)/sparsevol
-	install -d -m 0755 $(DESTDIR)$(UNITDIR)
-	sed -e 's|/usr/local/bin/sparsevol|$(BINDIR)/sparsevol|g' -e 's|/var/lib/sparsevol|$(STORE)|g' \
-		deploy/systemd/sparsevol@.service > $(DESTDIR)$(UNITDIR)/sparsevol@.service
-	chmod 0644 $(DESTDIR)$(UNITDIR)/sparsevol@.service
+	install -d -m 0755 $(DESTDIR)$(UNITDIR) $(DESTDIR)$(GENERATORDIR)
+	for u in $(UNITS); do \
+		sed -e 's|/usr/local/bin/sparsevol|$(BINDIR)/sparsevol|g' -e 's|/var/lib/sparsevol|$(STORE)|g' \
+			deploy/systemd/$$u > $(DESTDIR)$(UNITDIR)/$$u && chmod 0644 $(DESTDIR)$(UNITDIR)/$$u || exit 1; \
+	done
+	ln -sfn $(BINDIR)/sparsevol $(DESTDIR)$(GENERATORDIR)/sparsevol-generator
 	install -d -m 0700 $(DESTDIR)$(STORE)
 	if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 
 uninstall:
-	rm -f $(DESTDIR)$(BINDIR)/sparsevol $(DESTDIR)$(UNITDIR)/sparsevol@.service
+	rm -f $(DESTDIR)$(BINDIR)/sparsevol $(DESTDIR)$(GENERATORDIR)/sparsevol-generator
+	for u in $(UNITS); do rm -f $(DESTDIR)$(UNITDIR)/$$u; done
 	if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 
 # The issue-5 report: fio through volumes against the backing file,

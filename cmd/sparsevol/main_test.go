@@ -15,7 +15,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sparsevol/sparsevol/internal/cli"
 	"github.com/sparsevol/sparsevol/internal/loop"
 	"github.com/sparsevol/sparsevol/internal/testutil"
 	"github.com/sparsevol/sparsevol/internal/volume"
@@ -28,7 +27,7 @@ const asCLI = "SPARSEVOL_TEST_AS_CLI"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(asCLI) == "1" {
-		os.Exit(cli.Main(os.Args[1:], os.Stdout, os.Stderr))
+		os.Exit(run(os.Args))
 	}
 	os.Exit(m.Run())
 }

@@ -1,5 +1,5 @@
-// Package systemdunit embeds the template unit shipped in this directory, so
-// the binary can install exactly the file the repository tests.
+// Package systemdunit embeds the units shipped in this directory, so the
+// binary can install exactly the files the repository tests.
 package systemdunit
 
 import _ "embed"
@@ -8,3 +8,13 @@ import _ "embed"
 //
 //go:embed sparsevol@.service
 var Template string
+
+// Boot is sparsevol-boot.service.
+//
+//go:embed sparsevol-boot.service
+var Boot string
+
+// BootDone is sparsevol-boot-done.service.
+//
+//go:embed sparsevol-boot-done.service
+var BootDone string

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -58,6 +59,7 @@ type globals struct {
 	overcommit float64
 	unitDir    string
 	udevWait   time.Duration
+	runDir     string
 	verbose    bool
 	stdout     io.Writer
 	stderr     io.Writer
@@ -71,15 +73,20 @@ func (g *globals) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
 }
 
-func (g *globals) store() (*volume.Store, error) {
-	return volume.Open(g.root, volume.Options{
+func (g *globals) store() (*volume.Store, error) { return volume.Open(g.root, g.storeOptions()) }
+
+func (g *globals) storeOptions() volume.Options {
+	return volume.Options{
 		OvercommitRatio: g.overcommit,
 		UdevTimeout:     g.udevWait,
+		AttachedDir:     filepath.Join(g.runDir, systemd.AttachedSubdir),
 		Logger:          g.logger(),
-	})
+	}
 }
 
-func (g *globals) units() systemd.Manager { return systemd.Manager{Dir: g.unitDir} }
+func (g *globals) units() systemd.Manager {
+	return systemd.Manager{Dir: g.unitDir, RunDir: g.runDir}
+}
 
 // NewRootCommand builds the command tree. Extra subcommands (the CSI
 // plugin) are added by the caller.
@@ -113,6 +120,8 @@ template unit (sparsevol@<uuid>.service) — no network, no API server.`,
 	pf.Float64Var(&g.overcommit, "overcommit-ratio", defRatio,
 		"how much the volumes' logical sizes may exceed what the store's filesystem can give them; 1 = never (env SPARSEVOL_OVERCOMMIT_RATIO)")
 	pf.StringVar(&g.unitDir, "unit-dir", systemd.DefaultUnitDir, "systemd unit directory")
+	pf.StringVar(&g.runDir, "run-dir", systemd.DefaultRunDir, "where attach marks what it brought up since boot")
+	_ = pf.MarkHidden("run-dir") // for tests; must match what the units assert
 	pf.DurationVar(&g.udevWait, "udev-timeout", 30*time.Second, "how long attach waits for udev's /dev/disk link")
 	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log each step to stderr")
 

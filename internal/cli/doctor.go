@@ -25,11 +25,11 @@ type finding struct {
 func newUnitsCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "units install|uninstall",
-		Short: "Install or remove the sparsevol@.service template",
+		Short: "Install or remove the sparsevol@.service template, the boot units and the generator",
 	}
 	cmd.AddCommand(&cobra.Command{
 		Use:   "install",
-		Short: "Write sparsevol@.service for this binary and store, and reload systemd",
+		Short: "Write the units and the generator link for this binary and store, and reload systemd",
 		Args:  exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			bin, err := os.Executable()
@@ -40,24 +40,47 @@ func newUnitsCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			path, err := g.units().Install(cmd.Context(), bin, root)
-			if err != nil {
-				return err
+			paths, err := g.units().Install(cmd.Context(), bin, root)
+			for _, p := range paths {
+				fmt.Fprintln(g.stdout, p)
 			}
-			fmt.Fprintln(g.stdout, path)
-			return nil
+			return err
 		},
 	}, &cobra.Command{
 		Use:   "uninstall",
-		Short: "Remove sparsevol@.service (enabled volumes keep their data; disable them first)",
+		Short: "Remove the units and the generator (enabled volumes keep their data; disable them first)",
 		Args:  exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			path, err := g.units().Uninstall(cmd.Context())
-			if err != nil {
+			paths, err := g.units().Uninstall(cmd.Context())
+			for _, p := range paths {
+				fmt.Fprintln(g.stdout, p)
+			}
+			return err
+		},
+	}, &cobra.Command{
+		Use:    "generate NORMAL_DIR [EARLY_DIR LATE_DIR]",
+		Short:  "Act as systemd generator (what " + systemd.GeneratorName + " runs)",
+		Hidden: true,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 && len(args) != 3 {
+				return usagef("generate takes 1 or 3 directories, got %d", len(args))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return g.units().Generate(args[0])
+		},
+	}, &cobra.Command{
+		Use:    "boot-done",
+		Short:  "End boot mode: mark the boot done and reload systemd (" + systemd.BootDoneUnit + ")",
+		Hidden: true,
+		Args:   exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			u := g.units()
+			if err := u.MarkBootDone(); err != nil {
 				return err
 			}
-			fmt.Fprintln(g.stdout, path)
-			return nil
+			return u.Reload(cmd.Context())
 		},
 	})
 	return cmd

@@ -125,7 +125,7 @@ func (g *globals) activate(ctx context.Context, s *volume.Store, v *volume.Volum
 }
 
 func newAttachCommand(g *globals) *cobra.Command {
-	var all bool
+	var all, boot bool
 	cmd := &cobra.Command{
 		Use:   "attach VOLUME...|--all",
 		Short: "Attach volumes to loop devices (idempotent)",
@@ -133,6 +133,12 @@ func newAttachCommand(g *globals) *cobra.Command {
 already. Where udev runs, returns once the stable /dev/disk link exists.
 VOLUME is a name or a UUID. This is the unit's ExecStart.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if boot {
+				if all || len(args) > 0 {
+					return usagef("--boot takes no volumes and no --all")
+				}
+				return g.attachBoot(cmd.Context())
+			}
 			if err := allOrArgs(all, args); err != nil {
 				return err
 			}
@@ -140,24 +146,65 @@ VOLUME is a name or a UUID. This is the unit's ExecStart.`,
 			if err != nil {
 				return err
 			}
-			if all {
-				sts, err := s.AttachAll(cmd.Context())
-				for _, st := range sts {
-					fmt.Fprintf(g.stdout, "%s\t%s\n", st.Name, st.Device)
+			switch {
+			case all:
+				return g.printAttached(s.AttachAll(cmd.Context()))
+			case len(args) > 1:
+				if err := resolveAll(s, args); err != nil {
+					return err
 				}
+				// One pass for the lot: one scan, parallel binds, one udev wait.
+				return g.printAttached(s.AttachMany(cmd.Context(), args))
+			}
+			st, err := s.Attach(cmd.Context(), args[0])
+			if err != nil {
 				return err
 			}
-			return eachVolume(s, args, func(ref string) error {
-				st, err := s.Attach(cmd.Context(), ref)
-				if err == nil {
-					fmt.Fprintf(g.stdout, "%s\t%s\n", st.Name, st.Device)
-				}
-				return err
-			})
+			return g.printAttached([]*volume.Status{st}, nil)
 		},
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "attach every volume of the store")
+	cmd.Flags().BoolVar(&boot, "boot", false, "attach the volume of every enabled unit, whatever its store, and end boot mode ("+systemd.BootUnit+")")
 	return cmd
+}
+
+func (g *globals) printAttached(sts []*volume.Status, err error) error {
+	for _, st := range sts {
+		fmt.Fprintf(g.stdout, "%s\t%s\n", st.Name, st.Device)
+	}
+	return err
+}
+
+// attachBoot is BootUnit's ExecStart: the volumes of the enabled instances,
+// store by store, each store in one pass. It marks the boot done even when
+// some volumes failed: their units fail their assertion, and later starts
+// must run the units' own ExecStart.
+func (g *globals) attachBoot(ctx context.Context) error {
+	units := g.units()
+	insts, err := units.EnabledInstances()
+	if err != nil {
+		return err
+	}
+	byRoot := map[string][]string{}
+	var roots []string
+	for _, in := range insts {
+		if byRoot[in.Root] == nil {
+			roots = append(roots, in.Root)
+		}
+		byRoot[in.Root] = append(byRoot[in.Root], in.UUID)
+	}
+	g.logger().Info("attaching the volumes of the enabled units", "units", len(insts), "stores", len(roots))
+	var errs []error
+	for _, root := range roots {
+		s, err := volume.Open(root, g.storeOptions())
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		errs = append(errs, g.printAttached(s.AttachMany(ctx, byRoot[root])))
+	}
+	errs = append(errs, units.MarkBootDone())
+	return errors.Join(errs...)
 }
 
 func newDetachCommand(g *globals) *cobra.Command {

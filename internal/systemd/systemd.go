@@ -37,7 +37,8 @@ func UnitName(uuid string) string { return "sparsevol@" + uuid + ".service" }
 
 // Manager writes units under Dir and drives systemctl.
 type Manager struct {
-	Dir string // unit directory; DefaultUnitDir if empty
+	Dir    string // unit directory; DefaultUnitDir if empty
+	RunDir string // boot-mode markers; DefaultRunDir if empty
 }
 
 func (m Manager) dir() string {
@@ -49,8 +50,16 @@ func (m Manager) dir() string {
 
 // Render returns the template for a binary at binary and a default store
 // at root.
-func Render(binary, root string) string {
-	unit := systemdunit.Template
+func Render(binary, root string) string { return render(systemdunit.Template, binary, root) }
+
+// shipped are the unit files Install writes, by name.
+var shipped = []struct{ name, text string }{
+	{TemplateName, systemdunit.Template},
+	{BootUnit, systemdunit.Boot},
+	{BootDoneUnit, systemdunit.BootDone},
+}
+
+func render(unit, binary, root string) string {
 	if binary != "" && binary != defaultBinary {
 		unit = strings.ReplaceAll(unit, defaultBinary, binary)
 	}
@@ -60,23 +69,57 @@ func Render(binary, root string) string {
 	return unit
 }
 
-// Install writes the template (atomically) and reloads systemd if it runs.
-func (m Manager) Install(ctx context.Context, binary, root string) (string, error) {
-	path := filepath.Join(m.dir(), TemplateName)
-	if err := writeFileAtomic(path, []byte(Render(binary, root))); err != nil {
-		return "", fmt.Errorf("install %s: %w", path, err)
-	}
-	return path, m.reload(ctx)
+// generatorDir is the administrator's generator directory next to the
+// unit directory (/etc/systemd/system-generators).
+func (m Manager) generatorDir() string {
+	return filepath.Join(filepath.Dir(m.dir()), "system-generators")
 }
 
-// Uninstall removes the template. Instances still enabled are the
-// caller's to disable first.
-func (m Manager) Uninstall(ctx context.Context) (string, error) {
-	path := filepath.Join(m.dir(), TemplateName)
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return "", fmt.Errorf("uninstall %s: %w", path, err)
+// Install writes the template and the boot units (atomically), links the
+// generator to binary, and reloads systemd if it runs. It returns the
+// paths it wrote.
+func (m Manager) Install(ctx context.Context, binary, root string) ([]string, error) {
+	if err := os.MkdirAll(m.dir(), 0o755); err != nil {
+		return nil, fmt.Errorf("install units: %w", err)
 	}
-	return path, m.reload(ctx)
+	var paths []string
+	for _, u := range shipped {
+		path := filepath.Join(m.dir(), u.name)
+		if err := writeFileAtomic(path, []byte(render(u.text, binary, root))); err != nil {
+			return paths, fmt.Errorf("install %s: %w", path, err)
+		}
+		paths = append(paths, path)
+	}
+	gen := filepath.Join(m.generatorDir(), GeneratorName)
+	if err := os.MkdirAll(m.generatorDir(), 0o755); err != nil {
+		return paths, fmt.Errorf("install %s: %w", gen, err)
+	}
+	tmp := gen + ".tmp"
+	os.Remove(tmp)
+	if err := os.Symlink(binary, tmp); err != nil {
+		return paths, fmt.Errorf("install %s: %w", gen, err)
+	}
+	if err := os.Rename(tmp, gen); err != nil {
+		os.Remove(tmp)
+		return paths, fmt.Errorf("install %s: %w", gen, err)
+	}
+	return append(paths, gen), m.reload(ctx)
+}
+
+// Uninstall removes what Install wrote. Instances still enabled are the
+// caller's to disable first.
+func (m Manager) Uninstall(ctx context.Context) ([]string, error) {
+	var paths []string
+	for _, u := range shipped {
+		paths = append(paths, filepath.Join(m.dir(), u.name))
+	}
+	paths = append(paths, filepath.Join(m.generatorDir(), GeneratorName))
+	for _, path := range paths {
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("uninstall %s: %w", path, err)
+		}
+	}
+	return paths, m.reload(ctx)
 }
 
 // Installed reports whether the template is present.
@@ -117,7 +160,14 @@ func (m Manager) Enable(ctx context.Context, uuid, root string, mountsFor []stri
 }
 
 // Start starts an enabled instance (its ExecStart attaches the volume).
+// While the instance still carries its boot-mode drop-in (the boot is done
+// but systemd not reloaded yet), it reloads first, so the start attaches.
 func (m Manager) Start(ctx context.Context, uuid string) error {
+	if m.BootDone() && m.inBootMode(uuid) {
+		if err := m.reload(ctx); err != nil {
+			return fmt.Errorf("start %s: %w", UnitName(uuid), err)
+		}
+	}
 	if err := systemctl(ctx, "start", UnitName(uuid)); err != nil {
 		return fmt.Errorf("start %s: %w", UnitName(uuid), err)
 	}
@@ -150,6 +200,9 @@ func (m Manager) Enabled(uuid string) bool {
 	_, err := os.Lstat(filepath.Join(m.dir(), "multi-user.target.wants", UnitName(uuid)))
 	return err == nil
 }
+
+// Reload makes systemd reread its units (and rerun its generators).
+func (m Manager) Reload(ctx context.Context) error { return m.reload(ctx) }
 
 func (m Manager) reload(ctx context.Context) error {
 	if !Running() {

@@ -1,6 +1,7 @@
 package systemd
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -37,20 +38,41 @@ func TestRender(t *testing.T) {
 	}
 }
 
-// TestTemplateVerifies runs systemd-analyze verify on an instance of the
-// template; any diagnostic (it exits 0 on mere warnings) fails the test.
-func TestTemplateVerifies(t *testing.T) {
+// TestUnitsVerify runs systemd-analyze verify on the shipped units and on
+// an instance of the template with the generator's boot-mode drop-in; any
+// diagnostic about them (it exits 0 on mere warnings) fails the test.
+func TestUnitsVerify(t *testing.T) {
 	analyze, err := exec.LookPath("systemd-analyze")
 	if err != nil {
 		t.Fatal("systemd-analyze not installed (Debian package systemd); .ci/run installs it")
 	}
 	dir := t.TempDir()
 	bin, _ := os.Executable() // an existing executable for ExecStart
-	instance := filepath.Join(dir, UnitName("0b7e4bd6-1c2b-4a57-9d6a-0e5d7f4e2f10"))
-	if err := os.WriteFile(instance, []byte(Render(bin, dir)), 0o644); err != nil {
+	uuid := "0b7e4bd6-1c2b-4a57-9d6a-0e5d7f4e2f10"
+	m := Manager{Dir: filepath.Join(dir, "etc"), RunDir: filepath.Join(dir, "run")}
+	paths, err := m.Install(context.Background(), bin, dir)
+	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(analyze, "verify", "--man=no", instance).CombinedOutput()
+	enable(t, m, uuid, "")
+	gen := filepath.Join(dir, "generator")
+	if err := m.Generate(gen); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(m.Dir, UnitName(uuid)), []byte(Render(bin, dir)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"verify", "--man=no", filepath.Join(m.Dir, UnitName(uuid))}
+	for _, p := range paths {
+		if strings.HasSuffix(p, ".service") {
+			args = append(args, p)
+		}
+	}
+	cmd := exec.Command(analyze, args...)
+	// The generator's directory and the units, then the host's (the
+	// trailing colon), as systemd would order them.
+	cmd.Env = append(os.Environ(), "SYSTEMD_UNIT_PATH="+gen+":"+m.Dir+":")
+	out, err := cmd.CombinedOutput()
 	// Lines about the host's own units (no systemd running here) are not ours.
 	var ours []string
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
@@ -59,6 +81,6 @@ func TestTemplateVerifies(t *testing.T) {
 		}
 	}
 	if err != nil || len(ours) > 0 {
-		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
+		t.Fatalf("systemd-analyze %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 }

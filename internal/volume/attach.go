@@ -86,15 +86,17 @@ func (s *Store) finishAttach(ctx context.Context, v *Volume, dev *loop.Device) e
 			return fmt.Errorf("attach %s: %w", v.Name, err)
 		}
 	}
-	if !udevRunning() || v.StablePath() == linkPath(v.UUID) {
-		return nil
+	if udevRunning() && v.StablePath() != linkPath(v.UUID) {
+		if _, ok := ctx.Deadline(); !ok {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, s.opts.UdevTimeout)
+			defer cancel()
+		}
+		if err := waitForLink(ctx, v.StablePath(), dev.Path); err != nil {
+			return fmt.Errorf("attach %s: %w", v.Name, err)
+		}
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.opts.UdevTimeout)
-		defer cancel()
-	}
-	if err := waitForLink(ctx, v.StablePath(), dev.Path); err != nil {
+	if err := s.markAttached(v.UUID); err != nil {
 		return fmt.Errorf("attach %s: %w", v.Name, err)
 	}
 	return nil
@@ -142,14 +144,38 @@ func (s *Store) Attach(ctx context.Context, ref string) (*Status, error) {
 	return st, err
 }
 
-// AttachAll attaches every ready volume. It takes every volume's lock (in
-// UUID order), scans the loop devices once and binds the missing ones, so
-// its cost does not grow with the square of the number of volumes. Errors
-// of single volumes are collected; the others are still attached.
+// AttachAll attaches every ready volume of the store; see AttachMany.
 func (s *Store) AttachAll(ctx context.Context) ([]*Status, error) {
-	locked, err := s.lockAll()
+	return s.AttachMany(ctx, nil)
+}
+
+// AttachMany attaches the volumes named by refs (names or UUIDs; nil means
+// every volume) in one pass: it takes their locks (in UUID order), scans
+// the loop devices once, binds the missing ones in parallel and waits for
+// udev once, so its cost does not grow with the square of the number of
+// volumes. Errors of single volumes are collected; the others are still
+// attached. Volumes not ready are skipped with nil refs and an error when
+// named.
+func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error) {
+	var errs []error
+	var uuids []string
+	if refs != nil {
+		uuids = make([]string, 0, len(refs))
+		for _, ref := range refs {
+			v, err := s.Get(ref)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			uuids = append(uuids, v.UUID)
+		}
+		if len(uuids) == 0 {
+			return nil, errors.Join(errs...)
+		}
+	}
+	locked, err := s.lockAll(uuids)
 	if err != nil {
-		return nil, err
+		return nil, errors.Join(append(errs, err)...)
 	}
 	defer unlockAll(locked)
 	devs, err := loop.Scan()
@@ -162,7 +188,6 @@ func (s *Store) AttachAll(ctx context.Context) ([]*Status, error) {
 			byFile[d.Backing] = d
 		}
 	}
-	var errs []error
 	var out []*Status
 	attached := make(map[*Volume]*loop.Device)
 	var unbound []*Volume
@@ -177,6 +202,9 @@ func (s *Store) AttachAll(ctx context.Context) ([]*Status, error) {
 			continue
 		}
 		if v.State != StateReady {
+			if uuids != nil {
+				errs = append(errs, fmt.Errorf("attach %s: state %s: %w (rerun create, or delete it)", v.Name, v.State, ErrNotReady))
+			}
 			continue
 		}
 		id, err := loop.FileIDOf(v.BackingFile)
@@ -202,9 +230,11 @@ func (s *Store) AttachAll(ctx context.Context) ([]*Status, error) {
 			unbound = append(unbound, v)
 		}
 	}
+	s.log.Info("attaching", "volumes", len(locked), "attached", len(attached), "toBind", len(unbound))
 	bound, bindErrs := s.bindMany(unbound) // batch.go: parallel binds
 	maps.Copy(attached, bound)
 	errs = append(errs, bindErrs...)
+	s.log.Info("bound; waiting for udev", "bound", len(bound), "failed", len(bindErrs))
 	// Wait for udev once for all, not volume by volume, with one deadline.
 	ctx, cancel := context.WithTimeout(ctx, s.opts.UdevTimeout)
 	defer cancel()
@@ -216,6 +246,7 @@ func (s *Store) AttachAll(ctx context.Context) ([]*Status, error) {
 		out = append(out, s.status(v, []*loop.Device{dev}, mounts))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	s.log.Info("volumes attached", "volumes", len(out))
 	return out, errors.Join(errs...)
 }
 
@@ -233,7 +264,7 @@ func (s *Store) Detach(ctx context.Context, ref string) error {
 // devices, under every volume's lock; busy ones are reported and left
 // attached.
 func (s *Store) DetachAll(ctx context.Context) error {
-	vols, err := s.lockAll()
+	vols, err := s.lockAll(nil)
 	if err != nil {
 		return err
 	}
@@ -257,7 +288,7 @@ func (s *Store) DetachAll(ctx context.Context) error {
 		}
 		id, err := loop.FileIDOf(v.BackingFile)
 		if err != nil {
-			removeLink(v.UUID)
+			s.removeLink(v.UUID)
 			continue
 		}
 		if err := s.detachList(v, id, byFile[id]); err != nil {
@@ -272,22 +303,29 @@ type lockedVolume struct {
 	unlock func()
 }
 
-// lockAll takes the lock of every volume, in UUID order so that two
-// callers cannot deadlock.
-func (s *Store) lockAll() ([]lockedVolume, error) {
-	vols, err := s.List()
-	if err != nil {
-		return nil, err
+// lockAll takes the locks of the volumes with the given UUIDs (nil: every
+// volume of the store), in UUID order so that two callers cannot deadlock.
+func (s *Store) lockAll(uuids []string) ([]lockedVolume, error) {
+	if uuids == nil {
+		vols, err := s.List()
+		if err != nil {
+			return nil, err
+		}
+		for _, v := range vols {
+			uuids = append(uuids, v.UUID)
+		}
 	}
-	sort.Slice(vols, func(i, j int) bool { return vols[i].UUID < vols[j].UUID })
-	out := make([]lockedVolume, 0, len(vols))
-	for _, v := range vols {
-		unlock, err := s.lock(v.UUID)
+	uuids = slices.Clone(uuids)
+	slices.Sort(uuids)
+	uuids = slices.Compact(uuids)
+	out := make([]lockedVolume, 0, len(uuids))
+	for _, uuid := range uuids {
+		unlock, err := s.lock(uuid)
 		if err != nil {
 			unlockAll(out)
 			return nil, err
 		}
-		out = append(out, lockedVolume{v.UUID, unlock})
+		out = append(out, lockedVolume{uuid, unlock})
 	}
 	return out, nil
 }
@@ -312,7 +350,7 @@ func (s *Store) detachDevices(v *Volume) error {
 	case isNotExist(err) && v.backingID() != (loop.FileID{}):
 		id = v.backingID()
 	case isNotExist(err):
-		removeLink(v.UUID)
+		s.removeLink(v.UUID)
 		return nil // never bound since identities were recorded
 	case err != nil:
 		return fmt.Errorf("detach %s: %w", v.Name, err)
@@ -339,7 +377,7 @@ func (s *Store) detachList(v *Volume, id loop.FileID, devs []*loop.Device) error
 			return fmt.Errorf("detach %s: %w", v.Name, err)
 		}
 	}
-	removeLink(v.UUID)
+	s.removeLink(v.UUID)
 	return nil
 }
 
@@ -366,7 +404,25 @@ func setLink(uuid, target string) error {
 	return nil
 }
 
-func removeLink(uuid string) { os.Remove(linkPath(uuid)) }
+// removeLink removes what attach published for the volume: its
+// /dev/sparsevol link and its attached marker.
+func (s *Store) removeLink(uuid string) {
+	os.Remove(linkPath(uuid))
+	os.Remove(filepath.Join(s.opts.AttachedDir, uuid))
+}
+
+// markAttached leaves the file of Options.AttachedDir that says the volume
+// came up completely.
+func (s *Store) markAttached(uuid string) error {
+	if err := os.MkdirAll(s.opts.AttachedDir, 0o755); err != nil {
+		return fmt.Errorf("mark attached: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(s.opts.AttachedDir, uuid), os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return fmt.Errorf("mark attached: %w", err)
+	}
+	return f.Close()
+}
 
 // udevRunning reports whether udevd is there to create /dev/disk links.
 func udevRunning() bool {

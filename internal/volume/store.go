@@ -19,6 +19,9 @@ import (
 // SPARSEVOL_ROOT says otherwise.
 const DefaultRoot = "/var/lib/sparsevol"
 
+// DefaultAttachedDir is Options.AttachedDir's default.
+const DefaultAttachedDir = "/run/sparsevol/attached"
+
 // RootEnv names the environment variable that selects the store.
 const RootEnv = "SPARSEVOL_ROOT"
 
@@ -32,6 +35,12 @@ type Options struct {
 	// UdevTimeout bounds how long attach waits for the stable link where
 	// udev runs. Default 30 s.
 	UdevTimeout time.Duration
+	// AttachedDir holds one empty file per volume that attach brought up
+	// completely (device bound, stable link present) since boot; detach
+	// removes it. Default DefaultAttachedDir, on /run so that a boot starts
+	// with none: units started without a process of their own at boot
+	// assert their file (see the systemd package's generator).
+	AttachedDir string
 	// DirectIO is the default for new volumes.
 	DirectIO *bool
 	Logger   *slog.Logger
@@ -75,6 +84,9 @@ func Open(root string, opts Options) (*Store, error) {
 	}
 	if opts.UdevTimeout == 0 {
 		opts.UdevTimeout = 30 * time.Second
+	}
+	if opts.AttachedDir == "" {
+		opts.AttachedDir = DefaultAttachedDir
 	}
 	if opts.DirectIO == nil {
 		on := true

@@ -406,6 +406,15 @@ func checkStopDelete(t *testing.T, r *run) {
 		var problems []string
 		add := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 		f := mid.facts
+		if f["s5.bootDone"] != "yes" {
+			add("the boot was not marked done after %s ran", "sparsevol-boot-done.service")
+		}
+		if f[n+".restartExit"] != "0" || f[n+".afterRestart.loops"] == "" {
+			add("systemctl restart after the boot exited %s and left loop devices %q; want the volume attached again", f[n+".restartExit"], f[n+".afterRestart.loops"])
+		}
+		if f[n+".afterRestart.link"] == "no" {
+			add("after restart %s is missing", linkOf(kind, uuid))
+		}
 		if f[n+".stopExit"] != "0" {
 			add("systemctl stop exited %s", f[n+".stopExit"])
 		}
@@ -583,8 +592,15 @@ func checkScale(t *testing.T, r *run) {
 		fmt.Sprintf("scale: kernel start -> kubelet start: %s with %d volumes, %s with none (baseline boot %s)", secs(k1), len(names), secs(k0), base.spec.name),
 		fmt.Sprintf("scale: kernel start -> systemd (userspace): %s with volumes, %s baseline", secs(u1), secs(u0)),
 		fmt.Sprintf("scale: boot cost of %d volumes (kubelet start with - without): %s (target < 5 s)", len(names), secs(cost)),
-		fmt.Sprintf("scale: units started (systemd ran ExecStart) %s; became active %s", spread(after, set, "InactiveExitTimestampMonotonic"), spread(after, set, "ActiveEnterTimestampMonotonic")),
+		fmt.Sprintf("scale: units started %s; became active %s", spread(after, set, "InactiveExitTimestampMonotonic"), spread(after, set, "ActiveEnterTimestampMonotonic")),
 	)
+	b0, ok0 := monotonic(after.facts["bootunit.InactiveExitTimestampMonotonic"])
+	b1, ok1 := monotonic(after.facts["bootunit.ActiveEnterTimestampMonotonic"])
+	if ok0 && ok1 {
+		r.figures = append(r.figures, fmt.Sprintf("scale: sparsevol-boot.service (attach --boot, one process) ran from %s to %s (%s)", secs(b0), secs(b1), secs(b1-b0)))
+	} else {
+		t.Errorf("sparsevol-boot.service did not run in boot %s (ActiveState %q, Result %q)", after.spec.name, after.facts["bootunit.ActiveState"], after.facts["bootunit.Result"])
+	}
 	for _, f := range r.figures {
 		logf(t, "%s", f)
 	}

@@ -18,6 +18,8 @@ step_collect() {
 	fact driver.uptime "$up"
 	systemctl show -p UserspaceTimestampMonotonic -p InitRDTimestampMonotonic | sed 's/^/manager./' >>"$FACTS"
 	systemctl show -p ActiveState -p ExecMainStartTimestampMonotonic kubelet.service | sed 's/^/kubelet./' >>"$FACTS"
+	systemctl show -p ActiveState -p Result -p InactiveExitTimestampMonotonic -p ActiveEnterTimestampMonotonic \
+		sparsevol-boot.service | sed 's/^/bootunit./' >>"$FACTS"
 	systemctl show -p Id -p ActiveState -p SubState -p Result \
 		-p InactiveExitTimestampMonotonic -p ActiveEnterTimestampMonotonic \
 		-p After -p RequiresMountsFor 'sparsevol@*' >"$OUT/units.show"
@@ -108,9 +110,17 @@ step_s4_check() {
 # (s2-check has run before in the same boot), then one more reboot.
 step_s5_stop_delete() {
 	local n uuid link
+	# The units came up in boot mode (no process of their own); once the
+	# boot is over a restart must run their own detach and attach again.
+	run systemctl start sparsevol-boot-done.service
+	fact s5.bootDone "$(yesno test -e /run/sparsevol/boot-done)"
 	for n in $(vols_of s2); do
 		uuid=$(vget "$n" uuid)
 		link=$(link_of "$n")
+		run systemctl restart "sparsevol@$uuid.service"
+		fact "$n.restartExit" "$?"
+		fact "$n.afterRestart.loops" "$(losetup --list --noheadings --raw --output NAME,BACK-FILE | grep -F "$uuid" | oneline)"
+		[ -n "$link" ] && fact "$n.afterRestart.link" "$(yesno test -e "$link")"
 		run systemctl stop "sparsevol@$uuid.service"
 		fact "$n.stopExit" "$?"
 		run udevadm settle

@@ -1,0 +1,156 @@
+package systemd
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// enable does what `systemctl enable` leaves on disk for an instance, with
+// the drop-in Enable writes when root is set.
+func enable(t *testing.T, m Manager, uuid, root string, mountsFor ...string) {
+	t.Helper()
+	wants := filepath.Join(m.Dir, "multi-user.target.wants")
+	if err := os.MkdirAll(wants, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(m.Dir, TemplateName), filepath.Join(wants, UnitName(uuid))); err != nil {
+		t.Fatal(err)
+	}
+	if root == "" {
+		return
+	}
+	dropIn := "[Unit]\nRequiresMountsFor=" + strings.Join(mountsFor, " ") + "\n\n[Service]\nEnvironment=SPARSEVOL_ROOT=" + root + "\n"
+	if err := os.MkdirAll(filepath.Dir(m.DropInPath(uuid)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(m.DropInPath(uuid), []byte(dropIn), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func newTestManager(t *testing.T, storeRoot string) Manager {
+	t.Helper()
+	dir := t.TempDir()
+	m := Manager{Dir: filepath.Join(dir, "etc"), RunDir: filepath.Join(dir, "run")}
+	if err := os.MkdirAll(m.Dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(m.Dir, TemplateName), []byte(Render("/usr/bin/sparsevol", storeRoot)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestEnabledInstances(t *testing.T) {
+	const a, b, c = "0aaaaaaa-0000-4000-8000-000000000001", "0bbbbbbb-0000-4000-8000-000000000002", "0ccccccc-0000-4000-8000-000000000003"
+	m := newTestManager(t, "/srv/store")
+	enable(t, m, c, "/mnt/other", "/mnt/other", "/mnt/files")
+	enable(t, m, a, "") // no drop-in: the template's store
+	enable(t, m, b, "/srv/store", "/srv/store")
+	// Not ours, and an instance left in another target: ignored.
+	os.Symlink("/lib/systemd/system/ssh.service", filepath.Join(m.Dir, "multi-user.target.wants", "ssh.service"))
+	got, err := m.EnabledInstances()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Instance{
+		{UUID: a, Root: "/srv/store"},
+		{UUID: b, Root: "/srv/store", MountsFor: []string{"/srv/store"}},
+		{UUID: c, Root: "/mnt/other", MountsFor: []string{"/mnt/other", "/mnt/files"}},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("EnabledInstances =\n%+v\nwant\n%+v", got, want)
+	}
+}
+
+func TestGenerate(t *testing.T) {
+	const a, b = "0aaaaaaa-0000-4000-8000-000000000001", "0bbbbbbb-0000-4000-8000-000000000002"
+	read := func(t *testing.T, path string) string {
+		t.Helper()
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(data)
+	}
+	t.Run("boot", func(t *testing.T) {
+		m := newTestManager(t, "/srv/store")
+		enable(t, m, a, "/srv/store", "/srv/store")
+		enable(t, m, b, "/mnt/other", "/mnt/other", "/mnt/files")
+		out := t.TempDir()
+		if err := m.Generate(out); err != nil {
+			t.Fatal(err)
+		}
+		for _, uuid := range []string{a, b} {
+			conf := read(t, filepath.Join(out, UnitName(uuid)+".d", bootDropIn))
+			for _, w := range []string{"\nExecStart=\n", "Wants=" + BootUnit, "After=" + BootUnit,
+				"AssertPathExists=" + filepath.Join(m.RunDir, AttachedSubdir, uuid)} {
+				if !strings.Contains(conf, w) {
+					t.Errorf("%s drop-in lacks %q:\n%s", uuid, w, conf)
+				}
+			}
+		}
+		boot := read(t, filepath.Join(out, BootUnit+".d", bootDropIn))
+		if !strings.Contains(boot, "RequiresMountsFor=/mnt/files /mnt/other /srv/store\n") {
+			t.Errorf("%s drop-in:\n%s", BootUnit, boot)
+		}
+	})
+	t.Run("after the boot", func(t *testing.T) {
+		m := newTestManager(t, "/srv/store")
+		enable(t, m, a, "/srv/store", "/srv/store")
+		if err := m.MarkBootDone(); err != nil {
+			t.Fatal(err)
+		}
+		out := t.TempDir()
+		if err := m.Generate(out); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(filepath.Join(out, UnitName(a)+".d")); !os.IsNotExist(err) {
+			t.Errorf("instance drop-in written after the boot was done (%v)", err)
+		}
+		// The boot unit keeps its mounts: it stays loaded after a reload.
+		read(t, filepath.Join(out, BootUnit+".d", bootDropIn))
+	})
+	t.Run("nothing enabled", func(t *testing.T) {
+		m := newTestManager(t, "/srv/store")
+		out := t.TempDir()
+		if err := m.Generate(out); err != nil {
+			t.Fatal(err)
+		}
+		if entries, _ := os.ReadDir(out); len(entries) != 0 {
+			t.Errorf("generated %d entries with no volume enabled", len(entries))
+		}
+	})
+}
+
+func TestInstallLinksGenerator(t *testing.T) {
+	dir := t.TempDir()
+	m := Manager{Dir: filepath.Join(dir, "etc", "systemd", "system")}
+	paths, err := m.Install(context.Background(), "/opt/sv/bin/sparsevol", "/srv/store")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen := filepath.Join(dir, "etc", "systemd", "system-generators", GeneratorName)
+	if target, err := os.Readlink(gen); err != nil || target != "/opt/sv/bin/sparsevol" {
+		t.Errorf("generator link %s -> %q, %v", gen, target, err)
+	}
+	if len(paths) != 4 {
+		t.Errorf("Install wrote %v, want 3 units and the generator", paths)
+	}
+	boot := filepath.Join(m.Dir, BootUnit)
+	if data, err := os.ReadFile(boot); err != nil || !strings.Contains(string(data), "ExecStart=-/opt/sv/bin/sparsevol --udev-timeout=80s attach --boot") {
+		t.Errorf("%s: %v\n%s", boot, err, data)
+	}
+	if _, err := m.Uninstall(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range paths {
+		if _, err := os.Lstat(p); !os.IsNotExist(err) {
+			t.Errorf("%s left after Uninstall (%v)", p, err)
+		}
+	}
+}
