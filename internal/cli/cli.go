@@ -79,9 +79,18 @@ func (g *globals) storeOptions() volume.Options {
 	return volume.Options{
 		OvercommitRatio: g.overcommit,
 		UdevTimeout:     g.udevWait,
-		AttachedDir:     filepath.Join(g.runDir, systemd.AttachedSubdir),
+		AttachedDir:     g.attachedDir(),
 		Logger:          g.logger(),
 	}
+}
+
+// attachedDir is where attach marks what it brought up: only where the
+// units' boot mode asserts it (systemd runs), or where --run-dir asks.
+func (g *globals) attachedDir() string {
+	if g.runDir == "" && !systemd.Running() {
+		return ""
+	}
+	return filepath.Join(g.units().RunDirOrDefault(), systemd.AttachedSubdir)
 }
 
 func (g *globals) units() systemd.Manager {
@@ -120,7 +129,7 @@ template unit (sparsevol@<uuid>.service) — no network, no API server.`,
 	pf.Float64Var(&g.overcommit, "overcommit-ratio", defRatio,
 		"how much the volumes' logical sizes may exceed what the store's filesystem can give them; 1 = never (env SPARSEVOL_OVERCOMMIT_RATIO)")
 	pf.StringVar(&g.unitDir, "unit-dir", systemd.DefaultUnitDir, "systemd unit directory")
-	pf.StringVar(&g.runDir, "run-dir", systemd.DefaultRunDir, "where attach marks what it brought up since boot")
+	pf.StringVar(&g.runDir, "run-dir", "", "where attach marks what it brought up since boot (default "+systemd.DefaultRunDir+" where systemd runs)")
 	_ = pf.MarkHidden("run-dir") // for tests; must match what the units assert
 	pf.DurationVar(&g.udevWait, "udev-timeout", 30*time.Second, "how long attach waits for udev's /dev/disk link")
 	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log each step to stderr")

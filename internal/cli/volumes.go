@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -169,10 +170,11 @@ VOLUME is a name or a UUID. This is the unit's ExecStart.`,
 }
 
 func (g *globals) printAttached(sts []*volume.Status, err error) error {
+	w := bufio.NewWriter(g.stdout) // a thousand lines at boot: one write
 	for _, st := range sts {
-		fmt.Fprintf(g.stdout, "%s\t%s\n", st.Name, st.Device)
+		fmt.Fprintf(w, "%s\t%s\n", st.Name, st.Device)
 	}
-	return err
+	return errors.Join(err, w.Flush())
 }
 
 // attachBoot is BootUnit's ExecStart: the volumes of the enabled instances,

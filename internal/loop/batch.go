@@ -105,6 +105,18 @@ func pickNumbers(count int) ([]slot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list loop devices: %w", err)
 	}
+	// Devices with a size are bound; the others are free. (A device bound
+	// to an empty file has no size: binding it fails with EBUSY, and that
+	// request is retried the one-at-a-time way.) No per-device sysfs look:
+	// a busy machine has thousands of unbound loop devices.
+	sized, err := sizedLoops()
+	if err != nil {
+		return nil, fmt.Errorf("list loop devices: %w", err)
+	}
+	bound := make(map[int]bool, len(sized))
+	for _, n := range sized {
+		bound[n] = true
+	}
 	var free []int
 	highest := -1
 	for _, e := range entries {
@@ -113,7 +125,7 @@ func pickNumbers(count int) ([]slot, error) {
 			continue
 		}
 		highest = max(highest, n)
-		if _, err := os.Stat("/sys/block/" + e.Name() + "/loop/backing_file"); errors.Is(err, os.ErrNotExist) {
+		if !bound[n] {
 			free = append(free, n)
 		}
 	}

@@ -300,7 +300,7 @@ func status(fd, n int) (*Device, error) {
 		Tag:     string(bytes.TrimRight(info.File_name[:], "\x00")),
 		Flags:   info.Flags,
 	}
-	if bs, err := readSysUint(fmt.Sprintf("/sys/block/loop%d/queue/logical_block_size", n)); err == nil {
+	if bs, err := unix.IoctlGetInt(fd, unix.BLKSSZGET); err == nil {
 		dev.BlockSize = uint32(bs)
 	}
 	return dev, nil
@@ -338,20 +338,12 @@ func List() ([]*Device, error) {
 // no size and is not listed; no volume's file is empty. The loop/ sysfs
 // group, which exists only while a file is bound, confirms each candidate.
 func eachBound(fn func(n int, backingPath string) error) error {
-	parts, err := os.ReadFile("/proc/partitions")
+	sized, err := sizedLoops()
 	if err != nil {
 		return err
 	}
 	buf := make([]byte, 4096)
-	for _, line := range strings.Split(string(parts), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) != 4 || !strings.HasPrefix(fields[3], "loop") {
-			continue
-		}
-		n, err := strconv.Atoi(fields[3][4:]) // loopNpM (partitions) fail here
-		if err != nil {
-			continue
-		}
+	for _, n := range sized {
 		path, ok := readSysString(fmt.Sprintf("/sys/block/loop%d/loop/backing_file", n), buf)
 		if !ok {
 			continue
@@ -361,6 +353,26 @@ func eachBound(fn func(n int, backingPath string) error) error {
 		}
 	}
 	return nil
+}
+
+// sizedLoops lists the numbers of the loop devices /proc/partitions shows
+// (those with a non-zero size, which bound devices are; see eachBound).
+func sizedLoops() ([]int, error) {
+	parts, err := os.ReadFile("/proc/partitions")
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, line := range strings.Split(string(parts), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) != 4 || !strings.HasPrefix(fields[3], "loop") {
+			continue
+		}
+		if n, err := strconv.Atoi(fields[3][4:]); err == nil { // loopNpM (partitions) fail here
+			out = append(out, n)
+		}
+	}
+	return out, nil
 }
 
 // Scan returns every bound device like List, but without opening any of
@@ -712,7 +724,12 @@ func SetCapacity(path string, owner FileID) error {
 // reads sysfs (in 512-byte sectors, whatever the logical block size), so it
 // does not open the device; the ioctl is the fallback.
 func Size(path string) (uint64, error) {
-	if resolved, err := filepath.EvalSymlinks(path); err == nil {
+	resolved := path
+	var err error
+	if !strings.HasPrefix(path, "/dev/loop") { // device paths need no resolving
+		resolved, err = filepath.EvalSymlinks(path)
+	}
+	if err == nil {
 		if sectors, err := readSysUint("/sys/class/block/" + filepath.Base(resolved) + "/size"); err == nil {
 			return sectors * 512, nil
 		}
@@ -786,12 +803,21 @@ func parseNumber(path string) (int, error) {
 	return n, nil
 }
 
+// readSysUint reads a number from a sysfs attribute with three plain
+// syscalls (os.ReadFile would stat and register the file with the poller):
+// attach --all reads one per volume.
 func readSysUint(path string) (uint64, error) {
-	b, err := os.ReadFile(path)
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return 0, err
+		return 0, &os.PathError{Op: "open", Path: path, Err: err}
 	}
-	return strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	defer unix.Close(fd)
+	var buf [32]byte
+	n, err := unix.Read(fd, buf[:])
+	if err != nil {
+		return 0, &os.PathError{Op: "read", Path: path, Err: err}
+	}
+	return strconv.ParseUint(strings.TrimSpace(string(buf[:n])), 10, 64)
 }
 
 func flock(fd, how int) error {

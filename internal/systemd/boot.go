@@ -60,6 +60,9 @@ type Instance struct {
 	MountsFor []string // paths the instance needs mounted (RequiresMountsFor)
 }
 
+// RunDirOrDefault is the directory of the boot-mode markers.
+func (m Manager) RunDirOrDefault() string { return m.runDir() }
+
 func (m Manager) runDir() string {
 	if m.RunDir == "" {
 		return DefaultRunDir

@@ -11,6 +11,8 @@ import (
 	"sort"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sparsevol/sparsevol/internal/loop"
 )
 
@@ -73,10 +75,18 @@ func (s *Store) bind(v *Volume) (*loop.Device, error) {
 	return dev, nil
 }
 
-// finishAttach publishes the /dev/sparsevol link and, where udev runs,
-// waits for the stable /dev/disk link so that whatever is ordered after
-// the unit (kubelet) finds it.
+// finishAttach publishes the /dev/sparsevol link, where udev runs waits
+// for the stable /dev/disk link so that whatever is ordered after the unit
+// (kubelet) finds it, and marks the volume attached.
 func (s *Store) finishAttach(ctx context.Context, v *Volume, dev *loop.Device) error {
+	if err := s.publish(v, dev); err != nil {
+		return err
+	}
+	return s.awaitAndMark(ctx, v, dev, udevRunning())
+}
+
+// publish points the volume's /dev/sparsevol link at its data device.
+func (s *Store) publish(v *Volume, dev *loop.Device) error {
 	data, err := dataDevice(v, dev)
 	if err != nil {
 		return fmt.Errorf("attach %s: %w", v.Name, err)
@@ -86,7 +96,13 @@ func (s *Store) finishAttach(ctx context.Context, v *Volume, dev *loop.Device) e
 			return fmt.Errorf("attach %s: %w", v.Name, err)
 		}
 	}
-	if udevRunning() && v.StablePath() != linkPath(v.UUID) {
+	return nil
+}
+
+// awaitAndMark waits for udev's stable link (if udev runs) and leaves the
+// attached marker.
+func (s *Store) awaitAndMark(ctx context.Context, v *Volume, dev *loop.Device, udev bool) error {
+	if udev && v.StablePath() != linkPath(v.UUID) {
 		if _, ok := ctx.Deadline(); !ok {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithTimeout(ctx, s.opts.UdevTimeout)
@@ -235,16 +251,35 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 	maps.Copy(attached, bound)
 	errs = append(errs, bindErrs...)
 	s.log.Info("bound; waiting for udev", "bound", len(bound), "failed", len(bindErrs))
+	vols := slices.Collect(maps.Keys(attached))
+	// Links first, all of them (in parallel: a thousand are a thousand
+	// symlink+rename pairs), so udev and the waits overlap.
+	volErrs := make([]error, len(vols))
+	parallel(len(vols), publishWorkers, func(i int) {
+		volErrs[i] = s.publish(vols[i], attached[vols[i]])
+	})
 	// Wait for udev once for all, not volume by volume, with one deadline.
 	ctx, cancel := context.WithTimeout(ctx, s.opts.UdevTimeout)
 	defer cancel()
-	mounts := loop.ReadMountTable() // once for all volumes
-	for v, dev := range attached {
-		if err := s.finishAttach(ctx, v, dev); err != nil {
-			errs = append(errs, err)
+	udev := udevRunning()
+	finishErrs := make([]error, len(vols))
+	for i, v := range vols {
+		if volErrs[i] == nil && udev {
+			volErrs[i] = s.awaitAndMark(ctx, v, attached[v], true)
 		}
-		out = append(out, s.status(v, []*loop.Device{dev}, mounts))
 	}
+	mounts := loop.ReadMountTable() // once for all volumes
+	statuses := make([]*Status, len(vols))
+	parallel(len(vols), publishWorkers, func(i int) {
+		v, dev := vols[i], attached[vols[i]]
+		if volErrs[i] == nil && !udev {
+			finishErrs[i] = s.markAttached(v.UUID)
+		}
+		statuses[i] = s.status(v, []*loop.Device{dev}, mounts)
+	})
+	errs = append(errs, volErrs...)
+	errs = append(errs, finishErrs...)
+	out = append(out, statuses...)
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	s.log.Info("volumes attached", "volumes", len(out))
 	return out, errors.Join(errs...)
@@ -307,12 +342,9 @@ type lockedVolume struct {
 // volume of the store), in UUID order so that two callers cannot deadlock.
 func (s *Store) lockAll(uuids []string) ([]lockedVolume, error) {
 	if uuids == nil {
-		vols, err := s.List()
-		if err != nil {
+		var err error
+		if uuids, err = s.uuids(); err != nil {
 			return nil, err
-		}
-		for _, v := range vols {
-			uuids = append(uuids, v.UUID)
 		}
 	}
 	uuids = slices.Clone(uuids)
@@ -389,12 +421,17 @@ func setLink(uuid, target string) error {
 	if cur, err := os.Readlink(linkPath(uuid)); err == nil && cur == target {
 		return nil
 	}
-	if err := os.MkdirAll(LinkDir, 0o755); err != nil {
-		return fmt.Errorf("link %s: %w", linkPath(uuid), err)
-	}
 	tmp := linkPath(uuid) + ".tmp"
-	os.Remove(tmp)
-	if err := os.Symlink(target, tmp); err != nil {
+	// Try the symlink first: the directory and no stale temporary are the
+	// common case, and at boot this runs for every volume.
+	err := unix.Symlink(target, tmp)
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EEXIST) {
+		if err = os.MkdirAll(LinkDir, 0o755); err == nil {
+			os.Remove(tmp)
+			err = unix.Symlink(target, tmp)
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("link %s: %w", linkPath(uuid), err)
 	}
 	if err := os.Rename(tmp, linkPath(uuid)); err != nil {
@@ -408,20 +445,29 @@ func setLink(uuid, target string) error {
 // /dev/sparsevol link and its attached marker.
 func (s *Store) removeLink(uuid string) {
 	os.Remove(linkPath(uuid))
-	os.Remove(filepath.Join(s.opts.AttachedDir, uuid))
+	if s.opts.AttachedDir != "" {
+		os.Remove(filepath.Join(s.opts.AttachedDir, uuid))
+	}
 }
 
 // markAttached leaves the file of Options.AttachedDir that says the volume
-// came up completely.
+// came up completely. Plain open and close: at boot this runs for every
+// volume, and os.File would register each with the poller.
 func (s *Store) markAttached(uuid string) error {
-	if err := os.MkdirAll(s.opts.AttachedDir, 0o755); err != nil {
-		return fmt.Errorf("mark attached: %w", err)
+	if s.opts.AttachedDir == "" {
+		return nil
 	}
-	f, err := os.OpenFile(filepath.Join(s.opts.AttachedDir, uuid), os.O_CREATE|os.O_WRONLY, 0o644)
+	path := filepath.Join(s.opts.AttachedDir, uuid)
+	fd, err := unix.Open(path, unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+	if errors.Is(err, unix.ENOENT) {
+		if err = os.MkdirAll(s.opts.AttachedDir, 0o755); err == nil {
+			fd, err = unix.Open(path, unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+		}
+	}
 	if err != nil {
-		return fmt.Errorf("mark attached: %w", err)
+		return fmt.Errorf("mark attached %s: %w", path, err)
 	}
-	return f.Close()
+	return unix.Close(fd)
 }
 
 // udevRunning reports whether udevd is there to create /dev/disk links.

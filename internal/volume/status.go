@@ -4,6 +4,8 @@ import (
 	"errors"
 	"os"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sparsevol/sparsevol/internal/loop"
 )
 
@@ -79,13 +81,13 @@ func (s *Store) statusOf(v *Volume) *Status {
 // table the caller read once for many volumes.
 func (s *Store) status(v *Volume, devs []*loop.Device, mounts loop.MountTable) *Status {
 	st := &Status{Volume: *v, StablePath: v.StablePath()}
-	var fi os.FileInfo
-	fi, err := os.Stat(v.BackingFile)
-	if errors.Is(err, os.ErrNotExist) {
+	var fst unix.Stat_t
+	err := unix.Stat(v.BackingFile, &fst)
+	if errors.Is(err, unix.ENOENT) {
 		st.FileMissing = true
 	} else if err == nil {
-		st.FileSizeBytes = fi.Size()
-		st.AllocatedBytes = allocatedBytes(v.BackingFile)
+		st.FileSizeBytes = fst.Size
+		st.AllocatedBytes = fst.Blocks * 512
 	}
 	if len(devs) > 0 {
 		dev := devs[0]

@@ -35,11 +35,11 @@ type Options struct {
 	// UdevTimeout bounds how long attach waits for the stable link where
 	// udev runs. Default 30 s.
 	UdevTimeout time.Duration
-	// AttachedDir holds one empty file per volume that attach brought up
-	// completely (device bound, stable link present) since boot; detach
-	// removes it. Default DefaultAttachedDir, on /run so that a boot starts
-	// with none: units started without a process of their own at boot
-	// assert their file (see the systemd package's generator).
+	// AttachedDir, if set, holds one empty file per volume that attach
+	// brought up completely (device bound, stable link present); detach
+	// removes it. Under systemd it is DefaultAttachedDir, on /run so that a
+	// boot starts with none: units started without a process of their own
+	// at boot assert their file (see the systemd package's generator).
 	AttachedDir string
 	// DirectIO is the default for new volumes.
 	DirectIO *bool
@@ -84,9 +84,6 @@ func Open(root string, opts Options) (*Store, error) {
 	}
 	if opts.UdevTimeout == 0 {
 		opts.UdevTimeout = 30 * time.Second
-	}
-	if opts.AttachedDir == "" {
-		opts.AttachedDir = DefaultAttachedDir
 	}
 	if opts.DirectIO == nil {
 		on := true
@@ -211,17 +208,12 @@ func (s *Store) removeMeta(uuid string) error {
 
 // List returns every volume of the store, in every state, sorted by name.
 func (s *Store) List() ([]*Volume, error) {
-	entries, err := os.ReadDir(s.root)
+	uuids, err := s.uuids()
 	if err != nil {
-		return nil, fmt.Errorf("list store %s: %w", s.root, err)
+		return nil, err
 	}
 	var vols []*Volume
-	for _, e := range entries {
-		name := e.Name()
-		uuid, ok := strings.CutSuffix(name, metaExt)
-		if !ok || !ValidUUID(uuid) {
-			continue
-		}
+	for _, uuid := range uuids {
 		v, err := s.readMeta(uuid)
 		if errors.Is(err, ErrNotFound) {
 			continue // deleted while we listed
@@ -233,6 +225,21 @@ func (s *Store) List() ([]*Volume, error) {
 	}
 	sort.Slice(vols, func(i, j int) bool { return vols[i].Name < vols[j].Name })
 	return vols, nil
+}
+
+// uuids lists the UUIDs of the store's metadata files, without reading them.
+func (s *Store) uuids() ([]string, error) {
+	entries, err := os.ReadDir(s.root)
+	if err != nil {
+		return nil, fmt.Errorf("list store %s: %w", s.root, err)
+	}
+	var out []string
+	for _, e := range entries {
+		if uuid, ok := strings.CutSuffix(e.Name(), metaExt); ok && ValidUUID(uuid) {
+			out = append(out, uuid)
+		}
+	}
+	return out, nil
 }
 
 // Get resolves a volume by UUID or name.
