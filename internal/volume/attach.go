@@ -207,9 +207,23 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 	var out []*Status
 	attached := make(map[*Volume]*loop.Device)
 	var unbound []*Volume
-	for _, lv := range locked {
-		// Re-read under the lock: another process may have changed it.
-		v, err := s.readMeta(lv.uuid)
+	// Re-read under the lock (another process may have changed it), and
+	// stat the files, on every core: a thousand JSON documents at boot.
+	type read struct {
+		v     *Volume
+		id    loop.FileID
+		err   error
+		idErr error
+	}
+	reads := make([]read, len(locked))
+	parallel(len(locked), publishWorkers, func(i int) {
+		r := &reads[i]
+		if r.v, r.err = s.readMeta(locked[i].uuid); r.err == nil && r.v.State == StateReady {
+			r.id, r.idErr = loop.FileIDOf(r.v.BackingFile)
+		}
+	})
+	for _, r := range reads {
+		v, err := r.v, r.err
 		if errors.Is(err, ErrNotFound) {
 			continue
 		}
@@ -223,9 +237,9 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 			}
 			continue
 		}
-		id, err := loop.FileIDOf(v.BackingFile)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("attach %s: %w", v.Name, err))
+		id := r.id
+		if r.idErr != nil {
+			errs = append(errs, fmt.Errorf("attach %s: %w", v.Name, r.idErr))
 			continue
 		}
 		if v.noteBackingID(id) {

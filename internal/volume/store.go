@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -119,21 +120,24 @@ func (s *Store) backingPath(uuid string) string { return filepath.Join(s.root, u
 // dies, which is what makes a killed CLI safe to rerun.
 func (s *Store) lock(name string) (func(), error) {
 	path := filepath.Join(s.root, lockDir, name)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	// A plain fd, not an os.File: attach --all holds a thousand of these,
+	// and os.File would register each with the poller.
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("lock %s: %w", name, err)
+		return nil, fmt.Errorf("lock %s: %w", name, &os.PathError{Op: "open", Path: path, Err: err})
 	}
 	for {
-		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+		err = unix.Flock(fd, unix.LOCK_EX)
 		if !errors.Is(err, unix.EINTR) {
 			break
 		}
 	}
 	if err != nil {
-		f.Close()
+		unix.Close(fd)
 		return nil, fmt.Errorf("lock %s: %w", name, err)
 	}
-	return func() { f.Close() }, nil
+	// Once: a second close could hit an fd number reused meanwhile.
+	return sync.OnceFunc(func() { unix.Close(fd) }), nil
 }
 
 // writeMeta persists v atomically: temp file, fsync, rename, fsync dir.
