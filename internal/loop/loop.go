@@ -66,6 +66,9 @@ type Device struct {
 	Tag       string // lo_file_name as set at attach time
 	Flags     uint32
 	BlockSize uint32 // logical block size in bytes
+	// Bytes is the device's size when it was bound or asked by ioctl; 0
+	// when unknown (devices found by a sysfs scan).
+	Bytes uint64
 }
 
 // DirectIO reports whether the kernel performs direct I/O on the backing file.
@@ -302,6 +305,10 @@ func status(fd, n int) (*Device, error) {
 	}
 	if bs, err := unix.IoctlGetInt(fd, unix.BLKSSZGET); err == nil {
 		dev.BlockSize = uint32(bs)
+	}
+	var size uint64
+	if err := ioctlPtr(fd, unix.BLKGETSIZE64, &size); err == nil {
+		dev.Bytes = size
 	}
 	return dev, nil
 }

@@ -432,13 +432,17 @@ func linkPath(uuid string) string { return filepath.Join(LinkDir, uuid) }
 // setLink points /dev/sparsevol/<uuid> at target, atomically (symlink to a
 // temporary name, then rename over).
 func setLink(uuid, target string) error {
-	if cur, err := os.Readlink(linkPath(uuid)); err == nil && cur == target {
+	// Try the plain symlink first: no link yet is the common case (at boot,
+	// for every volume); an existing one is replaced atomically below.
+	err := unix.Symlink(target, linkPath(uuid))
+	if err == nil {
+		return nil
+	}
+	if cur, rerr := os.Readlink(linkPath(uuid)); rerr == nil && cur == target {
 		return nil
 	}
 	tmp := linkPath(uuid) + ".tmp"
-	// Try the symlink first: the directory and no stale temporary are the
-	// common case, and at boot this runs for every volume.
-	err := unix.Symlink(target, tmp)
+	err = unix.Symlink(target, tmp)
 	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EEXIST) {
 		if err = os.MkdirAll(LinkDir, 0o755); err == nil {
 			os.Remove(tmp)

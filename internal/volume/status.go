@@ -103,7 +103,9 @@ func (s *Store) status(v *Volume, devs []*loop.Device, mounts loop.MountTable) *
 				mounts = loop.ReadMountTable()
 			}
 			st.MountPoints, _ = mounts.Of(st.DataDevice)
-			if size, err := loop.Size(st.DataDevice); err == nil {
+			if st.DataDevice == dev.Path && dev.Bytes > 0 {
+				st.DataDeviceBytes = int64(dev.Bytes) // asked at bind time
+			} else if size, err := loop.Size(st.DataDevice); err == nil {
 				st.DataDeviceBytes = int64(size)
 			}
 		}
