@@ -143,24 +143,26 @@ func pickNumbers(count int) ([]slot, error) {
 	return out, nil
 }
 
-func openBacking(req AttachRequest) (*os.File, FileID, error) {
+// openBacking opens the request's file as a plain fd (the caller closes
+// it once the device holds its own reference) and returns its identity.
+func openBacking(req AttachRequest) (int, FileID, error) {
 	if len(req.Options.Tag) >= unix.LO_NAME_SIZE {
-		return nil, FileID{}, fmt.Errorf("tag %q longer than %d bytes", req.Options.Tag, unix.LO_NAME_SIZE-1)
+		return -1, FileID{}, fmt.Errorf("tag %q longer than %d bytes", req.Options.Tag, unix.LO_NAME_SIZE-1)
 	}
 	mode := unix.O_RDWR
 	if req.Options.ReadOnly {
 		mode = unix.O_RDONLY
 	}
-	backing, err := os.OpenFile(req.Path, mode|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(req.Path, mode|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, FileID{}, err
+		return -1, FileID{}, &os.PathError{Op: "open", Path: req.Path, Err: err}
 	}
 	var st unix.Stat_t
-	if err := unix.Fstat(int(backing.Fd()), &st); err != nil {
-		backing.Close()
-		return nil, FileID{}, fmt.Errorf("fstat: %w", err)
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, FileID{}, fmt.Errorf("fstat: %w", err)
 	}
-	return backing, FileID{Dev: st.Dev, Inode: st.Ino}, nil
+	return fd, FileID{Dev: st.Dev, Inode: st.Ino}, nil
 }
 
 func attachNumber(control int, s slot, req AttachRequest) AttachResult {
@@ -168,7 +170,7 @@ func attachNumber(control int, s slot, req AttachRequest) AttachResult {
 	if err != nil {
 		return AttachResult{Err: fmt.Errorf("attach %s: %w", req.Path, err)}
 	}
-	defer backing.Close()
+	defer unix.Close(backing)
 	if s.add {
 		// EEXIST: someone made it meanwhile; binding it tells if it is free.
 		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(control), unix.LOOP_CTL_ADD, uintptr(s.n)); errno != 0 && errno != unix.EEXIST {
@@ -188,7 +190,7 @@ func attachOne(control int, req AttachRequest) AttachResult {
 	if err != nil {
 		return AttachResult{Err: fmt.Errorf("attach %s: %w", req.Path, err)}
 	}
-	defer backing.Close()
+	defer unix.Close(backing)
 	for attempt := 0; ; attempt++ {
 		dev, err := attachFree(control, backing, want, req.Options)
 		if err == nil {

@@ -125,23 +125,11 @@ const attachRetries = 64
 // /dev/loop-control (as systemd does); processes that do not take the lock
 // can still race us to a free device, so EBUSY is retried with bounded jitter.
 func Attach(backingPath string, opts AttachOptions) (*Device, error) {
-	if len(opts.Tag) >= unix.LO_NAME_SIZE {
-		return nil, fmt.Errorf("attach %s: tag %q longer than %d bytes", backingPath, opts.Tag, unix.LO_NAME_SIZE-1)
-	}
-	mode := unix.O_RDWR
-	if opts.ReadOnly {
-		mode = unix.O_RDONLY
-	}
-	backing, err := os.OpenFile(backingPath, mode|unix.O_CLOEXEC, 0)
+	backing, want, err := openBacking(AttachRequest{Path: backingPath, Options: opts})
 	if err != nil {
 		return nil, fmt.Errorf("attach %s: %w", backingPath, err)
 	}
-	defer backing.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(int(backing.Fd()), &st); err != nil {
-		return nil, fmt.Errorf("attach %s: fstat: %w", backingPath, err)
-	}
-	want := FileID{Dev: st.Dev, Inode: st.Ino}
+	defer unix.Close(backing)
 
 	control, err := os.OpenFile(controlPath, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -166,7 +154,7 @@ func Attach(backingPath string, opts AttachOptions) (*Device, error) {
 	}
 }
 
-func attachFree(control int, backing *os.File, want FileID, opts AttachOptions) (*Device, error) {
+func attachFree(control int, backing int, want FileID, opts AttachOptions) (*Device, error) {
 	n, err := unix.IoctlRetInt(control, unix.LOOP_CTL_GET_FREE)
 	if err != nil {
 		return nil, fmt.Errorf("LOOP_CTL_GET_FREE: %w", err)
@@ -176,7 +164,7 @@ func attachFree(control int, backing *os.File, want FileID, opts AttachOptions) 
 
 // bindNumber binds backing to /dev/loopN, which the caller believes free,
 // and verifies the result; EBUSY means someone else bound it first.
-func bindNumber(n int, backing *os.File, want FileID, opts AttachOptions) (*Device, error) {
+func bindNumber(n int, backing int, want FileID, opts AttachOptions) (*Device, error) {
 	path := devicePath(n)
 	mode := unix.O_RDWR
 	if opts.ReadOnly {
@@ -227,9 +215,9 @@ func bindNumber(n int, backing *os.File, want FileID, opts AttachOptions) (*Devi
 	return dev, nil
 }
 
-func configure(fd int, backing *os.File, opts AttachOptions, directIO bool) error {
+func configure(fd int, backing int, opts AttachOptions, directIO bool) error {
 	cfg := unix.LoopConfig{
-		Fd:   uint32(backing.Fd()),
+		Fd:   uint32(backing),
 		Size: opts.BlockSize,
 	}
 	cfg.Info.Flags = opts.flags(directIO)
@@ -240,7 +228,7 @@ func configure(fd int, backing *os.File, opts AttachOptions, directIO bool) erro
 	}
 	// Kernels before 5.8 have no LOOP_CONFIGURE (they answer EINVAL for
 	// an unknown loop ioctl, as util-linux knows): bind, then set status.
-	if err := unix.IoctlSetInt(fd, unix.LOOP_SET_FD, int(backing.Fd())); err != nil {
+	if err := unix.IoctlSetInt(fd, unix.LOOP_SET_FD, backing); err != nil {
 		return fmt.Errorf("LOOP_SET_FD: %w", err)
 	}
 	info := cfg.Info
