@@ -145,8 +145,13 @@ func runFio(ctx context.Context, c *config, r *report) error {
 		// other work on the machine hits every target alike.
 		samples := make([][]float64, len(targets))
 		qd1 := !j.seq && j.iodepth == 1
-		for range c.rounds {
-			for i, t := range targets {
+		for round := range c.rounds {
+			// Each round starts one target later: no target always runs
+			// right after the same neighbour (say, the buffered device's
+			// writeback), so order does not bias the medians.
+			for k := range targets {
+				i := (k + round) % len(targets)
+				t := targets[i]
 				if t.qd1Only && !qd1 {
 					continue
 				}

@@ -93,7 +93,7 @@ func (r *report) write(dir string) error {
 	b.WriteString("**higher is better** (for times: baseline time / our time).\n\n")
 	fmt.Fprintf(&b, "* Run: %s, took %s\n", r.started.UTC().Format(time.RFC3339), r.duration.Round(time.Second))
 	fmt.Fprintf(&b, "* Host: %s\n", r.host)
-	b.WriteString("* fio: `direct=1`, libaio, 4 KiB random at QD1 and QD32, 1 MiB sequential at QD8, median of the rounds (each round runs every target in turn); ")
+	b.WriteString("* fio: `direct=1`, libaio, 4 KiB random at QD1 and QD32, 1 MiB sequential at QD8, median of the rounds (each round runs every target in turn, starting one target later than the round before); ")
 	b.WriteString("loop devices without direct I/O are measured with `end_fsync=1` and the backing file's page cache dropped before reads.\n\n")
 	b.WriteString("![ratios](report.svg)\n")
 	b.WriteString(r.table())
