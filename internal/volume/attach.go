@@ -266,8 +266,8 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 	errs = append(errs, bindErrs...)
 	s.log.Info("bound; waiting for udev", "bound", len(bound), "failed", len(bindErrs))
 	vols := slices.Collect(maps.Keys(attached))
-	// Links first, all of them (in parallel: a thousand are a thousand
-	// symlink+rename pairs), so udev and the waits overlap.
+	// Our /dev/sparsevol links first, all of them and in parallel (a
+	// thousand symlinks at boot), then one wait for udev's.
 	volErrs := make([]error, len(vols))
 	parallel(len(vols), publishWorkers, func(i int) {
 		volErrs[i] = s.publish(vols[i], attached[vols[i]])
