@@ -20,6 +20,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -261,19 +262,39 @@ func configure(fd int, backing int, opts AttachOptions, directIO bool) error {
 
 // Get returns the state of /dev/loopN or ErrNotAttached.
 func Get(path string) (*Device, error) {
+	fd, dev, err := openBound(path, unix.O_RDONLY, nil)
+	if err != nil {
+		return nil, err
+	}
+	unix.Close(fd)
+	return dev, nil
+}
+
+// openBound opens the loop device at path and reads its state. ENXIO (no
+// file bound, or being torn down) becomes ErrNotAttached; with owner set, a
+// device bound to another file is refused with ErrNotOwned. On success the
+// caller closes fd.
+func openBound(path string, flags int, owner *FileID) (int, *Device, error) {
 	n, err := parseNumber(path)
 	if err != nil {
-		return nil, err
+		return -1, nil, err
 	}
-	fd, err := openDevice(n, unix.O_RDONLY)
+	fd, err := openDevice(n, flags)
+	if errors.Is(err, unix.ENXIO) {
+		return -1, nil, fmt.Errorf("%w: %w", err, ErrNotAttached)
+	}
 	if err != nil {
-		if errors.Is(err, unix.ENXIO) {
-			return nil, fmt.Errorf("%w: %w", err, ErrNotAttached)
-		}
-		return nil, err
+		return -1, nil, err
 	}
-	defer unix.Close(fd)
-	return status(fd, n)
+	dev, err := status(fd, n)
+	if err == nil && owner != nil && dev.Backing != *owner {
+		err = fmt.Errorf("%s is bound to %d:%d, not %d:%d: %w", path, dev.Backing.Dev, dev.Backing.Inode, owner.Dev, owner.Inode, ErrNotOwned)
+	}
+	if err != nil {
+		unix.Close(fd)
+		return -1, nil, err
+	}
+	return fd, dev, nil
 }
 
 func status(fd, n int) (*Device, error) {
@@ -528,24 +549,12 @@ func Detach(path string, owner FileID) error {
 	}
 	// O_EXCL on a block device fails with EBUSY while it (or one of its
 	// partitions) is mounted or claimed, without disturbing the holder.
-	fd, err := openDevice(n, unix.O_RDONLY|unix.O_EXCL)
+	fd, _, err := openBound(path, unix.O_RDONLY|unix.O_EXCL, &owner)
+	if errors.Is(err, unix.EBUSY) {
+		return fmt.Errorf("detach %s: %w (claimed exclusively by a mount or another device)", path, ErrBusy)
+	}
 	if err != nil {
-		switch {
-		case errors.Is(err, unix.ENXIO):
-			return fmt.Errorf("detach %s: %w", path, ErrNotAttached)
-		case errors.Is(err, unix.EBUSY):
-			return fmt.Errorf("detach %s: %w (claimed exclusively by a mount or another device)", path, ErrBusy)
-		}
 		return fmt.Errorf("detach %s: %w", path, err)
-	}
-	dev, err := status(fd, n)
-	if err != nil {
-		unix.Close(fd)
-		return fmt.Errorf("detach: %w", err)
-	}
-	if dev.Backing != owner {
-		unix.Close(fd)
-		return fmt.Errorf("detach %s: bound to %d:%d, expected %d:%d: %w", path, dev.Backing.Dev, dev.Backing.Inode, owner.Dev, owner.Inode, ErrNotOwned)
 	}
 	err = unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0)
 	// Our own descriptor counts as an opener: the kernel finishes the
@@ -597,38 +606,26 @@ const (
 // open) is cancelled by clearing autoclear. It returns ErrNotAttached if the
 // device is already being torn down, so the caller binds a new one.
 func KeepBound(path string, owner FileID) (*Device, error) {
-	n, err := parseNumber(path)
+	fd, dev, err := openBound(path, unix.O_RDONLY, &owner)
 	if err != nil {
-		return nil, err
-	}
-	fd, err := openDevice(n, unix.O_RDONLY)
-	if err != nil {
-		if errors.Is(err, unix.ENXIO) {
-			return nil, fmt.Errorf("keep %s bound: %w", path, ErrNotAttached)
-		}
 		return nil, fmt.Errorf("keep %s bound: %w", path, err)
 	}
 	defer unix.Close(fd)
+	if !dev.Autoclear() {
+		return dev, nil
+	}
 	info, err := unix.IoctlLoopGetStatus64(fd)
-	if err != nil {
-		if errors.Is(err, unix.ENXIO) {
-			return nil, fmt.Errorf("keep %s bound: %w", path, ErrNotAttached)
-		}
-		return nil, fmt.Errorf("keep %s bound: LOOP_GET_STATUS64: %w", path, err)
-	}
-	if (FileID{Dev: info.Device, Inode: info.Inode}) != owner {
-		return nil, fmt.Errorf("keep %s bound: %w", path, ErrNotOwned)
-	}
-	if info.Flags&unix.LO_FLAGS_AUTOCLEAR != 0 {
+	if err == nil {
 		info.Flags &^= unix.LO_FLAGS_AUTOCLEAR
-		if err := unix.IoctlLoopSetStatus64(fd, info); err != nil {
-			if errors.Is(err, unix.ENXIO) {
-				return nil, fmt.Errorf("keep %s bound: %w", path, ErrNotAttached)
-			}
-			return nil, fmt.Errorf("keep %s bound: clear autoclear: %w", path, err)
-		}
+		err = unix.IoctlLoopSetStatus64(fd, info)
 	}
-	return status(fd, n)
+	if errors.Is(err, unix.ENXIO) {
+		return nil, fmt.Errorf("keep %s bound: %w", path, ErrNotAttached)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("keep %s bound: clear autoclear: %w", path, err)
+	}
+	return status(fd, dev.Number)
 }
 
 // Hold opens the device after proving it is bound to owner and keeps it
@@ -636,23 +633,11 @@ func KeepBound(path string, owner FileID) (*Device, error) {
 // deferred, so the device number cannot be rebound to another file under a
 // program (mkfs, resize2fs, mount) that works on it by path.
 func Hold(path string, owner FileID) (release func(), err error) {
-	n, err := parseNumber(path)
-	if err != nil {
-		return nil, err
-	}
-	fd, err := openDevice(n, unix.O_RDONLY)
+	fd, _, err := openBound(path, unix.O_RDONLY, &owner)
 	if err != nil {
 		return nil, fmt.Errorf("hold %s: %w", path, err)
 	}
-	dev, err := status(fd, n)
-	if err == nil && dev.Backing != owner {
-		err = fmt.Errorf("hold %s: %w", path, ErrNotOwned)
-	}
-	if err != nil {
-		unix.Close(fd)
-		return nil, err
-	}
-	return func() { unix.Close(fd) }, nil
+	return sync.OnceFunc(func() { unix.Close(fd) }), nil
 }
 
 // openDevice opens /dev/loopN. Where /dev is not devtmpfs (some
@@ -693,22 +678,11 @@ func mknodFromSysfs(n int) error {
 // SetCapacity makes the kernel re-read the size of the backing file of the
 // device, after the file was grown. owner is checked first, as in Detach.
 func SetCapacity(path string, owner FileID) error {
-	n, err := parseNumber(path)
+	fd, _, err := openBound(path, unix.O_RDONLY, &owner)
 	if err != nil {
-		return err
-	}
-	fd, err := openDevice(n, unix.O_RDONLY)
-	if err != nil {
-		return fmt.Errorf("set capacity: %w", err)
+		return fmt.Errorf("set capacity %s: %w", path, err)
 	}
 	defer unix.Close(fd)
-	dev, err := status(fd, n)
-	if err != nil {
-		return fmt.Errorf("set capacity: %w", err)
-	}
-	if dev.Backing != owner {
-		return fmt.Errorf("set capacity %s: %w", path, ErrNotOwned)
-	}
 	if err := unix.IoctlSetInt(fd, unix.LOOP_SET_CAPACITY, 0); err != nil {
 		return fmt.Errorf("set capacity %s: LOOP_SET_CAPACITY: %w", path, err)
 	}
