@@ -58,6 +58,23 @@ func sparsevol(t *testing.T, root string, env []string, args ...string) result {
 	return r
 }
 
+// concurrently runs procs CLI processes at once, the i-th with args(i),
+// and returns their results in order.
+func concurrently(t *testing.T, root string, procs int, args func(i int) []string) []result {
+	t.Helper()
+	var wg sync.WaitGroup
+	results := make([]result, procs)
+	for i := range procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = sparsevol(t, root, nil, args(i)...)
+		}()
+	}
+	wg.Wait()
+	return results
+}
+
 func mustRun(t *testing.T, root string, args ...string) string {
 	t.Helper()
 	r := sparsevol(t, root, nil, args...)
@@ -320,16 +337,7 @@ func TestConcurrentAttachSameVolume(t *testing.T) {
 	root := newRoot(t)
 	mustRun(t, root, "create", "shared", "--size", "8M", "--no-start")
 	const procs = 32
-	var wg sync.WaitGroup
-	results := make([]result, procs)
-	for i := range procs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results[i] = sparsevol(t, root, nil, "attach", "shared")
-		}()
-	}
-	wg.Wait()
+	results := concurrently(t, root, procs, func(i int) []string { return []string{"attach", "shared"} })
 	devices := map[string]bool{}
 	for _, r := range results {
 		if r.code != 0 {
@@ -347,16 +355,7 @@ func TestConcurrentAttachSameVolume(t *testing.T) {
 func TestConcurrentCreates(t *testing.T) {
 	root := newRoot(t)
 	const procs = 64
-	var wg sync.WaitGroup
-	results := make([]result, procs)
-	for i := range procs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results[i] = sparsevol(t, root, nil, "create", fmt.Sprintf("v%02d", i), "--size", "4M")
-		}()
-	}
-	wg.Wait()
+	results := concurrently(t, root, procs, func(i int) []string { return []string{"create", fmt.Sprintf("v%02d", i), "--size", "4M"} })
 	for i, r := range results {
 		if r.code != 0 {
 			t.Fatalf("create v%02d: exit %d: %s", i, r.code, r.stderr)
@@ -438,16 +437,9 @@ func TestCommandsEndToEnd(t *testing.T) {
 func TestConcurrentIdenticalCreates(t *testing.T) {
 	root := newRoot(t)
 	const procs = 8
-	var wg sync.WaitGroup
-	results := make([]result, procs)
-	for i := range procs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results[i] = sparsevol(t, root, nil, "create", "same", "--size", "64M", "--uuid", "0b7e4bd6-1c2b-4a57-9d6a-0e5d7f4e2f10")
-		}()
-	}
-	wg.Wait()
+	results := concurrently(t, root, procs, func(i int) []string {
+		return []string{"create", "same", "--size", "64M", "--uuid", "0b7e4bd6-1c2b-4a57-9d6a-0e5d7f4e2f10"}
+	})
 	ok := 0
 	for _, r := range results {
 		switch r.code {
