@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strconv"
 	"time"
 
@@ -90,7 +89,7 @@ func (g *globals) attachedDir() string {
 	if g.runDir == "" && !systemd.Running() {
 		return ""
 	}
-	return filepath.Join(g.units().RunDirOrDefault(), systemd.AttachedSubdir)
+	return g.units().AttachedDir()
 }
 
 func (g *globals) units() systemd.Manager {

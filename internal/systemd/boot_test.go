@@ -88,7 +88,7 @@ func TestGenerate(t *testing.T) {
 		for _, uuid := range []string{a, b} {
 			conf := read(t, filepath.Join(out, UnitName(uuid)+".d", bootDropIn))
 			for _, w := range []string{"\nExecStart=\n", "Wants=" + BootUnit, "After=" + BootUnit,
-				"AssertPathExists=" + filepath.Join(m.RunDir, AttachedSubdir, uuid)} {
+				"AssertPathExists=" + filepath.Join(m.RunDir, "attached", uuid)} {
 				if !strings.Contains(conf, w) {
 					t.Errorf("%s drop-in lacks %q:\n%s", uuid, w, conf)
 				}

@@ -20,9 +20,6 @@ import (
 // SPARSEVOL_ROOT says otherwise.
 const DefaultRoot = "/var/lib/sparsevol"
 
-// DefaultAttachedDir is Options.AttachedDir's default.
-const DefaultAttachedDir = "/run/sparsevol/attached"
-
 // RootEnv names the environment variable that selects the store.
 const RootEnv = "SPARSEVOL_ROOT"
 
@@ -38,9 +35,9 @@ type Options struct {
 	UdevTimeout time.Duration
 	// AttachedDir, if set, holds one empty file per volume that attach
 	// brought up completely (device bound, stable link present); detach
-	// removes it. Under systemd it is DefaultAttachedDir, on /run so that a
-	// boot starts with none: units started without a process of their own
-	// at boot assert their file (see the systemd package's generator).
+	// removes it. Under systemd the CLI sets /run/sparsevol/attached, so
+	// that a boot starts with none: units started without a process of
+	// their own at boot assert their file (see the systemd package).
 	AttachedDir string
 	// DirectIO is the default for new volumes.
 	DirectIO *bool
