@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 
 	"golang.org/x/sys/unix"
@@ -48,11 +47,7 @@ var fioJobs = []fioJob{
 // Jobs run config by config for each workload, so drift in the machine's
 // load spreads over all of them.
 func runFio(ctx context.Context, c *config, r *report) error {
-	storeDir := filepath.Join(c.dir, "fio-store")
-	if err := os.Mkdir(storeDir, 0o700); err != nil {
-		return err
-	}
-	s, err := volume.Open(storeDir, volume.Options{})
+	s, err := openStore(c, "fio-store")
 	if err != nil {
 		return err
 	}
@@ -165,7 +160,7 @@ func runFio(ctx context.Context, c *config, r *report) error {
 		results := make([]float64, len(targets))
 		for i := range samples {
 			if len(samples[i]) > 0 {
-				results[i] = medianF(samples[i])
+				results[i] = median(samples[i])
 			}
 		}
 		unit := func(v float64) string {
@@ -279,10 +274,4 @@ func dropCache(path string) {
 	defer f.Close()
 	unix.Fdatasync(int(f.Fd()))
 	unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
-}
-
-func medianF(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return s[len(s)/2]
 }

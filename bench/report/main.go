@@ -8,7 +8,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -19,6 +18,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
 type config struct {
@@ -67,40 +68,67 @@ func main() {
 		log.Fatal(err)
 	}
 	c.dir = scratch
-	defer os.RemoveAll(scratch)
+	code := measure(&c)
+	os.RemoveAll(scratch) // not deferred: os.Exit skips defers
+	os.Exit(code)
+}
 
+// measure runs the chosen steps and writes the report; it returns the exit
+// code.
+func measure(c *config) int {
 	ctx := context.Background()
-	r := &report{started: time.Now(), host: hostInfo(scratch)}
-	steps := []struct {
-		name string
-		run  func(context.Context, *config, *report) error
-	}{
+	r := &report{started: time.Now(), host: hostInfo(c.dir)}
+	steps := []step{
 		{"fio", runFio},
 		{"attach", runAttach},
 		{"create", runCreate},
 		{"space", runSpace},
 	}
-	var errs []error
+	wanted := strings.Split(c.steps, ",")
+	for _, name := range wanted {
+		if !slices.ContainsFunc(steps, func(s step) bool { return s.name == name }) {
+			log.Printf("report: unknown step %q (steps: fio, attach, create, space)", name)
+			return 2
+		}
+	}
+	failed := false
 	for _, s := range steps {
-		if !slices.Contains(strings.Split(c.steps, ","), s.name) {
+		if !slices.Contains(wanted, s.name) {
 			continue
 		}
 		log.Printf("== %s", s.name)
-		if err := s.run(ctx, &c, r); err != nil {
+		if err := s.run(ctx, c, r); err != nil {
 			log.Printf("%s: %v", s.name, err)
-			errs = append(errs, fmt.Errorf("%s: %w", s.name, err))
+			failed = true
 			r.notes = append(r.notes, fmt.Sprintf("%s failed in this run: %v", s.name, err))
 		}
 	}
 	r.duration = time.Since(r.started)
 	if err := r.write(c.out); err != nil {
-		log.Fatal(err)
+		log.Print(err)
+		return 1
 	}
 	fmt.Print(r.table())
 	log.Printf("wrote %s and %s (%s)", filepath.Join(c.out, "REPORT.md"), filepath.Join(c.out, "report.svg"), r.duration.Round(time.Second))
-	if err := errors.Join(errs...); err != nil {
-		os.Exit(1)
+	if failed {
+		return 1
 	}
+	return 0
+}
+
+type step struct {
+	name string
+	run  func(context.Context, *config, *report) error
+}
+
+// openStore makes a store directory for one step under the scratch
+// directory and opens it.
+func openStore(c *config, name string) (*volume.Store, error) {
+	root := filepath.Join(c.dir, name)
+	if err := os.Mkdir(root, 0o700); err != nil {
+		return nil, err
+	}
+	return volume.Open(root, volume.Options{})
 }
 
 func hostInfo(dir string) string {

@@ -47,7 +47,6 @@ const GeneratorName = "sparsevol-generator"
 // starts in boot mode.
 const DefaultRunDir = "/run/sparsevol"
 
-
 const bootDropIn = "50-boot.conf"
 
 // Instance is an enabled sparsevol@ instance and where its volume lives.
