@@ -115,8 +115,11 @@ func TestTrimReclaims(t *testing.T) {
 			if res.MountPoint != dir || res.Thick || res.Skipped != "" {
 				t.Errorf("result %+v: want mount point %s, thin, not skipped", res, dir)
 			}
-			if res.AllocatedBefore != full || res.AllocatedAfter != allocated(t, v.BackingFile) {
-				t.Errorf("result before/after %d/%d, measured %d/%d", res.AllocatedBefore, res.AllocatedAfter, full, allocated(t, v.BackingFile))
+			// After the trim the mounted filesystem may write again (XFS's
+			// log re-allocated 128 KiB once): the reported figure must match
+			// a measurement, give or take that.
+			if after := allocated(t, v.BackingFile); res.AllocatedBefore != full || abs(res.AllocatedAfter-after) > MiB {
+				t.Errorf("result before/after %d/%d, measured %d/%d", res.AllocatedBefore, res.AllocatedAfter, full, after)
 			}
 			if res.ReclaimedBytes() < written*MiB*9/10 {
 				t.Errorf("reclaimed %d bytes of %d MiB deleted", res.ReclaimedBytes(), written)
@@ -375,4 +378,11 @@ func attach4Kn(t *testing.T, path string) string {
 	dev := strings.TrimSpace(run(t, "losetup", "--find", "--show", "--sector-size", "4096", "--direct-io=on", path))
 	t.Cleanup(func() { run(t, "losetup", "-d", dev) })
 	return dev
+}
+
+func abs(n int64) int64 {
+	if n < 0 {
+		return -n
+	}
+	return n
 }
