@@ -460,19 +460,19 @@ func TestConcurrentIdenticalCreates(t *testing.T) {
 // our back still has its device detached (found by the recorded identity
 // and the tag), by detach and by delete.
 func TestDetachAfterBackingFileRemoved(t *testing.T) {
-	for _, cmd := range []string{"detach", "delete"} {
-		t.Run(cmd, func(t *testing.T) {
+	for _, args := range [][]string{{"detach", "gone"}, {"detach", "--all"}, {"delete", "gone"}} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			root := newRoot(t)
 			mustRun(t, root, "create", "gone", "--size", "8M")
 			st := statuses(t, root)[0]
 			if err := os.Remove(st.BackingFile); err != nil {
 				t.Fatal(err)
 			}
-			mustRun(t, root, cmd, "gone")
+			mustRun(t, root, args...)
 			if devs := devicesUnder(root); len(devs) > 0 {
-				t.Fatalf("%s left %v bound to the removed file", cmd, devs)
+				t.Fatalf("%v left %v bound to the removed file", args, devs)
 			}
-			if cmd == "detach" {
+			if args[0] == "detach" {
 				mustRun(t, root, "delete", "gone")
 			}
 		})

@@ -139,25 +139,34 @@ func dataDevice(v *Volume, dev *loop.Device) (string, error) {
 func (s *Store) Attach(ctx context.Context, ref string) (*Status, error) {
 	var st *Status
 	err := s.withVolume(ref, func(v *Volume) error {
-		if v.State != StateReady {
-			return fmt.Errorf("attach %s: state %s: %w (rerun create, or delete it)", v.Name, v.State, ErrNotReady)
+		dev, err := s.attachLocked(ctx, v)
+		if err == nil {
+			st = s.status(v, []*loop.Device{dev}, nil)
 		}
-		dev, err := s.attachDevice(v)
-		if err != nil {
-			return err
-		}
-		if v.noteBackingID(dev.Backing) {
-			if err := s.writeMeta(v); err != nil {
-				return err
-			}
-		}
-		if err := s.finishAttach(ctx, v, dev); err != nil {
-			return err
-		}
-		st = s.status(v, []*loop.Device{dev}, nil)
-		return nil
+		return err
 	})
 	return st, err
+}
+
+// attachLocked is Attach for a caller holding v's lock: the device, the
+// backing file's identity recorded, the links published.
+func (s *Store) attachLocked(ctx context.Context, v *Volume) (*loop.Device, error) {
+	if v.State != StateReady {
+		return nil, fmt.Errorf("attach %s: state %s: %w (rerun create, or delete it)", v.Name, v.State, ErrNotReady)
+	}
+	dev, err := s.attachDevice(v)
+	if err != nil {
+		return nil, err
+	}
+	if v.noteBackingID(dev.Backing) {
+		if err := s.writeMeta(v); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.finishAttach(ctx, v, dev); err != nil {
+		return nil, err
+	}
+	return dev, nil
 }
 
 // AttachAll attaches every ready volume of the store; see AttachMany.
@@ -204,7 +213,6 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 			byFile[d.Backing] = d
 		}
 	}
-	var out []*Status
 	attached := make(map[*Volume]*loop.Device)
 	var unbound []*Volume
 	// Re-read under the lock (another process may have changed it), and
@@ -247,7 +255,8 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 				errs = append(errs, err)
 			}
 		}
-		dev, err := (*loop.Device)(nil), error(nil)
+		var dev *loop.Device
+		err = nil
 		if found := byFile[id]; found != nil {
 			dev, err = s.keep(v, found, id)
 		}
@@ -276,24 +285,17 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 	ctx, cancel := context.WithTimeout(ctx, s.opts.UdevTimeout)
 	defer cancel()
 	udev := udevRunning()
-	finishErrs := make([]error, len(vols))
 	for i, v := range vols {
-		if volErrs[i] == nil && udev {
-			volErrs[i] = s.awaitAndMark(ctx, v, attached[v], true)
+		if volErrs[i] == nil {
+			volErrs[i] = s.awaitAndMark(ctx, v, attached[v], udev)
 		}
 	}
 	mounts := loop.ReadMountTable() // once for all volumes
-	statuses := make([]*Status, len(vols))
+	out := make([]*Status, len(vols))
 	parallel(len(vols), publishWorkers, func(i int) {
-		v, dev := vols[i], attached[vols[i]]
-		if volErrs[i] == nil && !udev {
-			finishErrs[i] = s.markAttached(v.UUID)
-		}
-		statuses[i] = s.status(v, []*loop.Device{dev}, mounts)
+		out[i] = s.status(vols[i], []*loop.Device{attached[vols[i]]}, mounts)
 	})
 	errs = append(errs, volErrs...)
-	errs = append(errs, finishErrs...)
-	out = append(out, statuses...)
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	s.log.Info("volumes attached", "volumes", len(out))
 	return out, errors.Join(errs...)
@@ -305,7 +307,7 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 // so (loop.ErrDeferred).
 func (s *Store) Detach(ctx context.Context, ref string) error {
 	return s.withVolume(ref, func(v *Volume) error {
-		return s.detachDevices(v)
+		return s.detachDevices(v, nil)
 	})
 }
 
@@ -335,12 +337,7 @@ func (s *Store) DetachAll(ctx context.Context) error {
 			}
 			continue
 		}
-		id, err := loop.FileIDOf(v.BackingFile)
-		if err != nil {
-			s.removeLink(v.UUID)
-			continue
-		}
-		if err := s.detachList(v, id, byFile[id]); err != nil {
+		if err := s.detachDevices(v, byFile); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -383,12 +380,13 @@ func unlockAll(vols []lockedVolume) {
 }
 
 // detachDevices detaches every loop device bound to v's backing file. The
-// identity check inside loop.Detach proves each is ours.
+// identity check inside loop.Detach proves each is ours. scanned, if not
+// nil, is one loop.Scan of the machine by backing file (detach --all).
 //
 // If the backing file was removed behind our back, a device may still hold
 // its (now unnamed) inode: it is found by the identity recorded in the
 // metadata, and detached only if it also carries the volume's tag.
-func (s *Store) detachDevices(v *Volume) error {
+func (s *Store) detachDevices(v *Volume, scanned map[loop.FileID][]*loop.Device) error {
 	s.cleanupTempMount(v)
 	id, err := loop.FileIDOf(v.BackingFile)
 	present := err == nil
@@ -401,8 +399,10 @@ func (s *Store) detachDevices(v *Volume) error {
 	case err != nil:
 		return fmt.Errorf("detach %s: %w", v.Name, err)
 	}
-	devs, err := loop.FindAll(id)
-	if err != nil {
+	var devs []*loop.Device
+	if present && scanned != nil {
+		devs = scanned[id]
+	} else if devs, err = loop.FindAll(id); err != nil { // FindAll fills in tags; Scan does not
 		return fmt.Errorf("detach %s: %w", v.Name, err)
 	}
 	if !present {
@@ -412,11 +412,15 @@ func (s *Store) detachDevices(v *Volume) error {
 }
 
 func (s *Store) detachList(v *Volume, id loop.FileID, devs []*loop.Device) error {
+	var deferred error
 	for _, dev := range devs {
 		err := loop.Detach(dev.Path, id)
 		switch {
 		case err == nil, errors.Is(err, loop.ErrNotAttached):
 			s.log.Info("volume detached", "volume", v.Name, "uuid", v.UUID, "device", dev.Path)
+		case errors.Is(err, loop.ErrDeferred):
+			// Going away at the opener's last close: no longer published.
+			deferred = fmt.Errorf("detach %s: %w", v.Name, err)
 		case errors.Is(err, loop.ErrBusy):
 			return fmt.Errorf("detach %s: %w: %w", v.Name, ErrBusy, err)
 		default:
@@ -424,7 +428,7 @@ func (s *Store) detachList(v *Volume, id loop.FileID, devs []*loop.Device) error
 		}
 	}
 	s.removeLink(v.UUID)
-	return nil
+	return deferred
 }
 
 func linkPath(uuid string) string { return filepath.Join(LinkDir, uuid) }
@@ -528,14 +532,8 @@ var ErrDeferred = loop.ErrDeferred
 // or mounts it by path.
 func (s *Store) WithDevice(ctx context.Context, ref string, fn func(st *Status) error) error {
 	return s.withVolume(ref, func(v *Volume) error {
-		if v.State != StateReady {
-			return fmt.Errorf("attach %s: state %s: %w", v.Name, v.State, ErrNotReady)
-		}
-		dev, err := s.attachDevice(v)
+		dev, err := s.attachLocked(ctx, v)
 		if err != nil {
-			return err
-		}
-		if err := s.finishAttach(ctx, v, dev); err != nil {
 			return err
 		}
 		release, err := loop.Hold(dev.Path, dev.Backing)

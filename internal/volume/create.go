@@ -256,7 +256,7 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) error {
 	if req.KeepAttached {
 		return s.finishAttach(ctx, v, dev)
 	}
-	return s.detachDevices(v)
+	return s.detachDevices(v, nil)
 }
 
 // sizeBackingFile creates (if create) and grows the file at path to size:

@@ -26,7 +26,7 @@ func (s *Store) Delete(ctx context.Context, ref string) error {
 			}
 		}
 		crashPoint("delete:marked")
-		if err := s.detachDevices(v); err != nil {
+		if err := s.detachDevices(v, nil); err != nil {
 			return fmt.Errorf("delete %s: %w", v.Name, err)
 		}
 		crashPoint("delete:detached")
