@@ -6,8 +6,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -53,14 +51,11 @@ func AttachMany(reqs []AttachRequest, parallel int) []AttachResult {
 		}
 		return results
 	}
-	control, err := os.OpenFile(controlPath, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	control, err := lockControl()
 	if err != nil {
 		return fail(err)
 	}
-	defer control.Close()
-	if err := flock(int(control.Fd()), unix.LOCK_EX); err != nil {
-		return fail(fmt.Errorf("lock %s: %w", controlPath, err))
-	}
+	defer unix.Close(control) // releases the lock
 	numbers, err := pickNumbers(len(reqs))
 	if err != nil {
 		return fail(err)
@@ -73,7 +68,7 @@ func AttachMany(reqs []AttachRequest, parallel int) []AttachResult {
 		go func() {
 			defer wg.Done()
 			for i := range work {
-				results[i] = attachNumber(int(control.Fd()), numbers[i], reqs[i])
+				results[i] = attachNumber(control, numbers[i], reqs[i])
 			}
 		}()
 	}
@@ -86,7 +81,7 @@ func AttachMany(reqs []AttachRequest, parallel int) []AttachResult {
 	// Whatever lost its device to an outsider goes the one-at-a-time way.
 	for i, r := range results {
 		if r.Err != nil && errors.Is(r.Err, unix.EBUSY) {
-			results[i] = attachOne(int(control.Fd()), reqs[i])
+			results[i] = attachOne(control, reqs[i])
 		}
 	}
 	return results
@@ -120,8 +115,8 @@ func pickNumbers(count int) ([]slot, error) {
 	var free []int
 	highest := -1
 	for _, e := range entries {
-		n, err := strconv.Atoi(strings.TrimPrefix(e.Name(), "loop"))
-		if err != nil || !strings.HasPrefix(e.Name(), "loop") {
+		n, err := parseNumber(e.Name())
+		if err != nil {
 			continue
 		}
 		highest = max(highest, n)

@@ -14,7 +14,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sort"
@@ -126,33 +125,28 @@ const attachRetries = 64
 // /dev/loop-control (as systemd does); processes that do not take the lock
 // can still race us to a free device, so EBUSY is retried with bounded jitter.
 func Attach(backingPath string, opts AttachOptions) (*Device, error) {
-	backing, want, err := openBacking(AttachRequest{Path: backingPath, Options: opts})
+	control, err := lockControl()
 	if err != nil {
 		return nil, fmt.Errorf("attach %s: %w", backingPath, err)
 	}
-	defer unix.Close(backing)
+	defer unix.Close(control) // releases the lock
+	r := attachOne(control, AttachRequest{Path: backingPath, Options: opts})
+	return r.Device, r.Err
+}
 
-	control, err := os.OpenFile(controlPath, unix.O_RDWR|unix.O_CLOEXEC, 0)
+// lockControl opens /dev/loop-control and takes its exclusive flock, which
+// serialises attaches among the processes that honour it (as systemd
+// does). Closing the returned fd releases the lock.
+func lockControl() (int, error) {
+	fd, err := unix.Open(controlPath, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("attach %s: %w", backingPath, err)
+		return -1, &os.PathError{Op: "open", Path: controlPath, Err: err}
 	}
-	defer control.Close()
-	if err := flock(int(control.Fd()), unix.LOCK_EX); err != nil {
-		return nil, fmt.Errorf("attach %s: lock %s: %w", backingPath, controlPath, err)
+	if err := flock(fd, unix.LOCK_EX); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("lock %s: %w", controlPath, err)
 	}
-	// Closing control releases the lock.
-
-	for attempt := 0; ; attempt++ {
-		dev, err := attachFree(int(control.Fd()), backing, want, opts)
-		if err == nil {
-			return dev, nil
-		}
-		if !errors.Is(err, unix.EBUSY) || attempt >= attachRetries {
-			return nil, fmt.Errorf("attach %s: %w", backingPath, err)
-		}
-		// Someone outside our lock took the device; back off a little.
-		time.Sleep(time.Duration(1+rand.IntN(10)) * time.Millisecond)
-	}
+	return fd, nil
 }
 
 func attachFree(control int, backing int, want FileID, opts AttachOptions) (*Device, error) {
@@ -689,30 +683,22 @@ func SetCapacity(path string, owner FileID) error {
 	return nil
 }
 
-// Size returns the size in bytes the kernel sees for a block device. It
-// reads sysfs (in 512-byte sectors, whatever the logical block size), so it
-// does not open the device; the ioctl is the fallback.
+// Size returns the size in bytes the kernel sees for the block device at
+// path (/dev/loopN or a partition of it). It reads sysfs (in 512-byte
+// sectors, whatever the logical block size), so it does not open the
+// device.
 func Size(path string) (uint64, error) {
-	resolved := path
-	var err error
-	if !strings.HasPrefix(path, "/dev/loop") { // device paths need no resolving
-		resolved, err = filepath.EvalSymlinks(path)
+	var buf [32]byte
+	attr := "/sys/class/block/" + filepath.Base(path) + "/size"
+	v, ok := readSysString(attr, buf[:])
+	if !ok {
+		return 0, fmt.Errorf("size %s: cannot read %s", path, attr)
 	}
-	if err == nil {
-		if sectors, err := readSysUint("/sys/class/block/" + filepath.Base(resolved) + "/size"); err == nil {
-			return sectors * 512, nil
-		}
-	}
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	sectors, err := strconv.ParseUint(v, 10, 64)
 	if err != nil {
 		return 0, fmt.Errorf("size %s: %w", path, err)
 	}
-	defer unix.Close(fd)
-	var size uint64
-	if err := ioctlPtr(fd, unix.BLKGETSIZE64, &size); err != nil {
-		return 0, fmt.Errorf("size %s: BLKGETSIZE64: %w", path, err)
-	}
-	return size, nil
+	return sectors * 512, nil
 }
 
 // Partitions returns the partition device paths of /dev/loopN (loopNp1, ...)
@@ -772,22 +758,6 @@ func parseNumber(path string) (int, error) {
 	return n, nil
 }
 
-// readSysUint reads a number from a sysfs attribute with three plain
-// syscalls (os.ReadFile would stat and register the file with the poller):
-// attach --all reads one per volume.
-func readSysUint(path string) (uint64, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return 0, &os.PathError{Op: "open", Path: path, Err: err}
-	}
-	defer unix.Close(fd)
-	var buf [32]byte
-	n, err := unix.Read(fd, buf[:])
-	if err != nil {
-		return 0, &os.PathError{Op: "read", Path: path, Err: err}
-	}
-	return strconv.ParseUint(strings.TrimSpace(string(buf[:n])), 10, 64)
-}
 
 func flock(fd, how int) error {
 	for {

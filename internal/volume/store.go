@@ -178,7 +178,7 @@ func syncDir(dir string) error {
 }
 
 func (s *Store) readMeta(uuid string) (*Volume, error) {
-	data, err := readSmallFile(s.metaPath(uuid))
+	data, err := os.ReadFile(s.metaPath(uuid))
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("volume %s: %w", uuid, ErrNotFound)
@@ -193,37 +193,6 @@ func (s *Store) readMeta(uuid string) (*Volume, error) {
 		return nil, fmt.Errorf("read metadata of %s: file names volume %s", uuid, v.UUID)
 	}
 	return &v, nil
-}
-
-// readSmallFile is os.ReadFile with plain syscalls (open, fstat, read,
-// close): attach --all reads a thousand metadata files at boot.
-func readSmallFile(path string) ([]byte, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: path, Err: err}
-	}
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, &os.PathError{Op: "stat", Path: path, Err: err}
-	}
-	buf := make([]byte, 0, st.Size+1) // +1: one read that returns 0 ends it
-	for {
-		n, err := unix.Read(fd, buf[len(buf):cap(buf)])
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return nil, &os.PathError{Op: "read", Path: path, Err: err}
-		}
-		if n == 0 {
-			return buf, nil
-		}
-		buf = buf[:len(buf)+n]
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)] // grew meanwhile: make room
-		}
-	}
 }
 
 func (s *Store) removeMeta(uuid string) error {
