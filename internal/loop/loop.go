@@ -758,7 +758,6 @@ func parseNumber(path string) (int, error) {
 	return n, nil
 }
 
-
 func flock(fd, how int) error {
 	for {
 		err := unix.Flock(fd, how)
