@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	systemdunit "github.com/sparsevol/sparsevol/deploy/systemd"
+	"github.com/sparsevol/sparsevol/internal/fsutil"
 )
 
 // DefaultUnitDir is where the template and drop-ins are written.
@@ -85,22 +86,13 @@ func (m Manager) Install(ctx context.Context, binary, root string) ([]string, er
 	var paths []string
 	for _, u := range shipped {
 		path := filepath.Join(m.dir(), u.name)
-		if err := writeFileAtomic(path, []byte(render(u.text, binary, root))); err != nil {
+		if err := fsutil.WriteFileAtomic(path, []byte(render(u.text, binary, root)), 0o644); err != nil {
 			return paths, fmt.Errorf("install %s: %w", path, err)
 		}
 		paths = append(paths, path)
 	}
 	gen := filepath.Join(m.generatorDir(), GeneratorName)
-	if err := os.MkdirAll(m.generatorDir(), 0o755); err != nil {
-		return paths, fmt.Errorf("install %s: %w", gen, err)
-	}
-	tmp := gen + ".tmp"
-	os.Remove(tmp)
-	if err := os.Symlink(binary, tmp); err != nil {
-		return paths, fmt.Errorf("install %s: %w", gen, err)
-	}
-	if err := os.Rename(tmp, gen); err != nil {
-		os.Remove(tmp)
+	if err := fsutil.ReplaceSymlink(binary, gen); err != nil {
 		return paths, fmt.Errorf("install %s: %w", gen, err)
 	}
 	return append(paths, gen), m.reload(ctx)
@@ -143,7 +135,7 @@ func (m Manager) Enable(ctx context.Context, uuid, root string, mountsFor []stri
 	if err := os.MkdirAll(filepath.Dir(m.DropInPath(uuid)), 0o755); err != nil {
 		return fmt.Errorf("enable %s: %w", UnitName(uuid), err)
 	}
-	if err := writeFileAtomic(m.DropInPath(uuid), []byte(dropIn)); err != nil {
+	if err := fsutil.WriteFileAtomic(m.DropInPath(uuid), []byte(dropIn), 0o644); err != nil {
 		return fmt.Errorf("enable %s: %w", UnitName(uuid), err)
 	}
 	// systemctl enable reloads systemd itself, which also loads the
@@ -222,25 +214,4 @@ func systemctl(ctx context.Context, args ...string) error {
 		return fmt.Errorf("systemctl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(out.String()))
 	}
 	return nil
-}
-
-func writeFileAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp.Name(), 0o644)
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	return err
 }

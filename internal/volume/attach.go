@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sparsevol/sparsevol/internal/fsutil"
 	"github.com/sparsevol/sparsevol/internal/loop"
 )
 
@@ -436,28 +437,7 @@ func linkPath(uuid string) string { return filepath.Join(LinkDir, uuid) }
 // setLink points /dev/sparsevol/<uuid> at target, atomically (symlink to a
 // temporary name, then rename over).
 func setLink(uuid, target string) error {
-	// Try the plain symlink first: no link yet is the common case (at boot,
-	// for every volume); an existing one is replaced atomically below.
-	err := unix.Symlink(target, linkPath(uuid))
-	if err == nil {
-		return nil
-	}
-	if cur, rerr := os.Readlink(linkPath(uuid)); rerr == nil && cur == target {
-		return nil
-	}
-	tmp := linkPath(uuid) + ".tmp"
-	err = unix.Symlink(target, tmp)
-	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EEXIST) {
-		if err = os.MkdirAll(LinkDir, 0o755); err == nil {
-			os.Remove(tmp)
-			err = unix.Symlink(target, tmp)
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("link %s: %w", linkPath(uuid), err)
-	}
-	if err := os.Rename(tmp, linkPath(uuid)); err != nil {
-		os.Remove(tmp)
+	if err := fsutil.ReplaceSymlink(target, linkPath(uuid)); err != nil {
 		return fmt.Errorf("link %s: %w", linkPath(uuid), err)
 	}
 	return nil

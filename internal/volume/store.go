@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/fsutil"
 )
 
 // DefaultRoot is the store directory when neither --root nor
@@ -145,36 +147,10 @@ func (s *Store) writeMeta(v *Volume) error {
 		return fmt.Errorf("write metadata of %s: %w", v.Name, err)
 	}
 	data = append(data, '\n')
-	tmp, err := os.CreateTemp(s.root, ".tmp-"+v.UUID+"-*")
-	if err != nil {
-		return fmt.Errorf("write metadata of %s: %w", v.Name, err)
-	}
-	defer os.Remove(tmp.Name()) // no-op after a successful rename
-	if _, err := tmp.Write(data); err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), s.metaPath(v.UUID))
-	}
-	if err == nil {
-		err = syncDir(s.root)
-	}
-	if err != nil {
+	if err := fsutil.WriteFileAtomic(s.metaPath(v.UUID), data, 0o600); err != nil {
 		return fmt.Errorf("write metadata of %s: %w", v.Name, err)
 	}
 	return nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 func (s *Store) readMeta(uuid string) (*Volume, error) {
@@ -199,7 +175,7 @@ func (s *Store) removeMeta(uuid string) error {
 	if err := os.Remove(s.metaPath(uuid)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove metadata of %s: %w", uuid, err)
 	}
-	if err := syncDir(s.root); err != nil {
+	if err := fsutil.SyncDir(s.root); err != nil {
 		return fmt.Errorf("remove metadata of %s: %w", uuid, err)
 	}
 	// The lock file stays: unlinking it while another process waits on it
