@@ -124,7 +124,7 @@ func (m Manager) EnabledInstances() ([]Instance, error) {
 			return nil, fmt.Errorf("read drop-in of %s: %w", UnitName(uuid), err)
 		}
 		if inst.Root == "" {
-			inst.Root = "/var/lib/sparsevol"
+			inst.Root = defaultRoot
 		}
 		out = append(out, inst)
 	}

@@ -23,8 +23,12 @@ const DefaultUnitDir = "/etc/systemd/system"
 // TemplateName is the template unit's file name.
 const TemplateName = "sparsevol@.service"
 
-// defaultBinary is the path the shipped template runs.
-const defaultBinary = "/usr/local/bin/sparsevol"
+// defaultBinary and defaultRoot are the binary and store the shipped
+// units name.
+const (
+	defaultBinary = "/usr/local/bin/sparsevol"
+	defaultRoot   = "/var/lib/sparsevol"
+)
 
 // Running reports whether systemd is the init system of this machine
 // (the test sd_booted() makes).
@@ -64,8 +68,8 @@ func render(unit, binary, root string) string {
 	if binary != "" && binary != defaultBinary {
 		unit = strings.ReplaceAll(unit, defaultBinary, binary)
 	}
-	if root != "" && root != "/var/lib/sparsevol" {
-		unit = strings.ReplaceAll(unit, "/var/lib/sparsevol", root)
+	if root != "" && root != defaultRoot {
+		unit = strings.ReplaceAll(unit, defaultRoot, root)
 	}
 	return unit
 }

@@ -188,6 +188,10 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 	if refs != nil {
 		uuids = make([]string, 0, len(refs))
 		for _, ref := range refs {
+			if ValidUUID(ref) { // read once, under the lock, below
+				uuids = append(uuids, ref)
+				continue
+			}
 			v, err := s.Get(ref)
 			if err != nil {
 				errs = append(errs, err)
@@ -233,8 +237,8 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 	})
 	for _, r := range reads {
 		v, err := r.v, r.err
-		if errors.Is(err, ErrNotFound) {
-			continue
+		if errors.Is(err, ErrNotFound) && uuids == nil {
+			continue // deleted since the listing
 		}
 		if err != nil {
 			errs = append(errs, err)
