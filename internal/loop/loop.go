@@ -708,14 +708,9 @@ func Partitions(path string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	name := fmt.Sprintf("loop%d", n)
-	matches, err := filepath.Glob(filepath.Join("/sys/block", name, name+"p*"))
-	if err != nil {
-		return nil, err
-	}
-	out := make([]string, 0, len(matches))
-	for _, m := range matches {
-		out = append(out, "/dev/"+filepath.Base(m))
+	var out []string
+	for _, dir := range sysDirs(n)[1:] {
+		out = append(out, "/dev/"+filepath.Base(dir))
 	}
 	return out, nil
 }

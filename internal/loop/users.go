@@ -16,22 +16,15 @@ import (
 // way that forbids detaching: mounts in this mount namespace and holder
 // devices (device-mapper and the like). It reads sysfs and mountinfo only.
 func Users(n int) []string {
-	name := fmt.Sprintf("loop%d", n)
+	dirs := sysDirs(n)
 	devnums := map[string]string{} // "major:minor" -> device name
-	if b, err := os.ReadFile(filepath.Join("/sys/block", name, "dev")); err == nil {
-		devnums[strings.TrimSpace(string(b))] = name
-	}
-	parts, _ := filepath.Glob(filepath.Join("/sys/block", name, name+"p*"))
-	for _, p := range parts {
-		if b, err := os.ReadFile(filepath.Join(p, "dev")); err == nil {
-			devnums[strings.TrimSpace(string(b))] = filepath.Base(p)
+	for _, dir := range dirs {
+		if b, err := os.ReadFile(filepath.Join(dir, "dev")); err == nil {
+			devnums[strings.TrimSpace(string(b))] = filepath.Base(dir)
 		}
 	}
-	var users []string
-	for _, m := range mountsOf(devnums) {
-		users = append(users, m)
-	}
-	for _, dir := range append([]string{filepath.Join("/sys/block", name)}, parts...) {
+	users := mountsOf(devnums)
+	for _, dir := range dirs {
 		holders, _ := os.ReadDir(filepath.Join(dir, "holders"))
 		for _, h := range holders {
 			users = append(users, fmt.Sprintf("holder device %s of %s", h.Name(), filepath.Base(dir)))
@@ -170,14 +163,19 @@ func NotifyChange(path string) error {
 	if err != nil {
 		return err
 	}
-	name := fmt.Sprintf("loop%d", n)
-	dirs := []string{filepath.Join("/sys/block", name)}
-	parts, _ := filepath.Glob(filepath.Join("/sys/block", name, name+"p*"))
-	dirs = append(dirs, parts...)
-	for _, dir := range dirs {
+	for _, dir := range sysDirs(n) {
 		if err := os.WriteFile(filepath.Join(dir, "uevent"), []byte("change"), 0); err != nil {
 			return fmt.Errorf("notify udev of %s: %w", filepath.Base(dir), err)
 		}
 	}
 	return nil
+}
+
+// sysDirs lists the sysfs directories of /dev/loopN and of its partitions
+// (loopNp1, ...), the device's first.
+func sysDirs(n int) []string {
+	name := fmt.Sprintf("loop%d", n)
+	dir := filepath.Join("/sys/block", name)
+	parts, _ := filepath.Glob(filepath.Join(dir, name+"p*")) // only a bad pattern errs
+	return append([]string{dir}, parts...)
 }
