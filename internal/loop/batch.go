@@ -87,6 +87,44 @@ func AttachMany(reqs []AttachRequest, parallel int) []AttachResult {
 	return results
 }
 
+// Reserve makes sure at least count unbound loop devices exist, adding the
+// missing ones, and returns how many it added. Why: the kernel announces a
+// new device to udev at once, and if udev gets to that "add" only after the
+// device was bound, it probes the bound device fully, and then again for
+// the bind's own "change". Devices added a moment before they are bound let
+// udev handle their "add" while they are still empty, which costs it
+// little. AttachMany uses the free devices, lowest first.
+func Reserve(count int) (int, error) {
+	if count <= 0 {
+		return 0, nil
+	}
+	control, err := lockControl()
+	if err != nil {
+		return 0, fmt.Errorf("reserve loop devices: %w", err)
+	}
+	defer unix.Close(control)
+	return reserveLocked(control, count)
+}
+
+// reserveLocked is Reserve for a caller holding the control lock.
+func reserveLocked(control, count int) (int, error) {
+	slots, err := pickNumbers(count)
+	if err != nil {
+		return 0, fmt.Errorf("reserve loop devices: %w", err)
+	}
+	added := 0
+	for _, s := range slots {
+		if !s.add {
+			continue
+		}
+		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(control), unix.LOOP_CTL_ADD, uintptr(s.n)); errno != 0 && errno != unix.EEXIST {
+			return added, fmt.Errorf("reserve loop devices: LOOP_CTL_ADD %d: %w", s.n, errno)
+		}
+		added++
+	}
+	return added, nil
+}
+
 // slot is a device number for one request and whether it must be created.
 type slot struct {
 	n   int

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sparsevol/sparsevol/internal/testutil"
 )
 
@@ -97,5 +99,40 @@ func TestAttachMany(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestReserve: after a reserve of k, k devices are free for binding
+// without adding any.
+func TestReserve(t *testing.T) {
+	testutil.RequireRoot(t)
+	if added, err := Reserve(0); added != 0 || err != nil {
+		t.Fatalf("Reserve(0) = %d, %v", added, err)
+	}
+	for _, k := range []int{1, 12} {
+		control, err := lockControl()
+		if err != nil {
+			t.Fatal(err)
+		}
+		added, err := reserveLocked(control, k)
+		if err != nil {
+			unix.Close(control)
+			t.Fatalf("reserve %d: %v", k, err)
+		}
+		// Still under the lock: tests of other packages bind devices too.
+		slots, err := pickNumbers(k)
+		again, againErr := reserveLocked(control, k)
+		unix.Close(control)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range slots {
+			if s.add {
+				t.Fatalf("after reserving %d (added %d), loop%d must still be added", k, added, s.n)
+			}
+		}
+		if again != 0 || againErr != nil {
+			t.Fatalf("a second reserve of %d added %d devices (%v), want none", k, again, againErr)
+		}
 	}
 }

@@ -165,7 +165,7 @@ func bindNumber(n int, backing int, want FileID, opts AttachOptions) (*Device, e
 	if opts.ReadOnly {
 		mode = unix.O_RDONLY
 	}
-	fd, err := openDevice(n, mode)
+	fd, err := openUnwatched(n, mode)
 	if err != nil {
 		return nil, err
 	}
@@ -652,6 +652,35 @@ func openDevice(n int, flags int) (int, error) {
 	}
 	return fd, nil
 }
+
+// openUnwatched opens /dev/loopN for binding through a private node of the
+// same device number, made in /dev and unlinked at once. Why: udev watches
+// /dev/loopN with inotify and answers every close of a writable fd with a
+// synthesized "change" event, a full second probe of the device; binding
+// already sends its own "change". Twice the udev work per bound device was
+// what bringing many volumes up at boot waited for. Where the node cannot be
+// made (no CAP_MKNOD), /dev/loopN is opened as before. Callers must hold the
+// /dev/loop-control lock, which makes the node's name unique.
+func openUnwatched(n int, flags int) (int, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(devicePath(n), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		return openDevice(n, flags)
+	}
+	private := privateNodePrefix + strconv.Itoa(n)
+	_ = unix.Unlink(private) // left by a process killed between mknod and unlink
+	if err := unix.Mknod(private, unix.S_IFBLK|0o600, int(st.Rdev)); err != nil {
+		return openDevice(n, flags)
+	}
+	fd, err := unix.Open(private, flags|unix.O_CLOEXEC, 0)
+	unix.Unlink(private)
+	if err != nil {
+		return openDevice(n, flags)
+	}
+	return fd, nil
+}
+
+// privateNodePrefix names openUnwatched's short-lived nodes.
+const privateNodePrefix = "/dev/.sparsevol-bind-loop"
 
 func mknodFromSysfs(n int) error {
 	b, err := os.ReadFile(fmt.Sprintf("/sys/block/loop%d/dev", n))

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -380,5 +381,78 @@ func assertNotBoundTo(t *testing.T, path string, id FileID) {
 	}
 	if err != nil && !errors.Is(err, ErrNotAttached) {
 		t.Fatal(err)
+	}
+}
+
+// TestBindLeavesUdevWatchQuiet: udev re-probes a device whenever a writable
+// fd on its /dev node is closed; binding must not cause that (the kernel
+// already announces the bind). An inotify watch like udev's sees nothing
+// from a bind, and does see a plain open-for-write of the same node, so
+// the check can fail.
+func TestBindLeavesUdevWatchQuiet(t *testing.T) {
+	testutil.RequireRoot(t)
+	path, _ := backingFile(t, 4<<20)
+	control, err := lockControl()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlRetInt(control, unix.LOOP_CTL_GET_FREE)
+	if err != nil {
+		unix.Close(control)
+		t.Fatal(err)
+	}
+	watch, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		unix.Close(control)
+		t.Fatal(err)
+	}
+	defer unix.Close(watch)
+	if _, err := unix.InotifyAddWatch(watch, devicePath(n), unix.IN_CLOSE_WRITE); err != nil {
+		unix.Close(control)
+		t.Fatal(err)
+	}
+	backing, want, err := openBacking(AttachRequest{Path: path})
+	if err != nil {
+		unix.Close(control)
+		t.Fatal(err)
+	}
+	dev, err := bindNumber(n, backing, want, AttachOptions{})
+	unix.Close(backing)
+	unix.Close(control)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = Detach(dev.Path, want) })
+
+	closeWrites := func() int {
+		buf := make([]byte, 4096)
+		count := 0
+		for {
+			k, err := unix.Read(watch, buf)
+			if k <= 0 || err != nil {
+				return count
+			}
+			for off := 0; off+unix.SizeofInotifyEvent <= k; {
+				ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+				if ev.Mask&unix.IN_CLOSE_WRITE != 0 {
+					count++
+				}
+				off += unix.SizeofInotifyEvent + int(ev.Len)
+			}
+		}
+	}
+	if got := closeWrites(); got != 0 {
+		t.Fatalf("binding %s closed a writable fd on its /dev node %d time(s): udev would probe it again", dev.Path, got)
+	}
+	if matches, _ := filepath.Glob(privateNodePrefix + "*"); len(matches) != 0 {
+		t.Fatalf("private nodes left behind: %v", matches)
+	}
+	fd, err := unix.Open(dev.Path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fd)
+	if got := closeWrites(); got != 1 {
+		t.Fatalf("the watch saw %d close-after-write events of a plain open, want 1", got)
 	}
 }

@@ -212,6 +212,15 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 	if err != nil {
 		return nil, err
 	}
+	// Add the devices the binds below will need while the metadata is
+	// read, so udev handles their "add" while they are empty (see
+	// loop.Reserve). Every bound device counts as one of ours: a foreign
+	// one can only make this reserve too few, never too many.
+	if need := len(locked) - len(devs); need > 0 {
+		if _, err := loop.Reserve(need); err != nil {
+			s.log.Warn("reserving loop devices", "err", err) // the binds add their own
+		}
+	}
 	byFile := make(map[loop.FileID]*loop.Device, len(devs))
 	for _, d := range devs {
 		if _, seen := byFile[d.Backing]; !seen {
