@@ -594,6 +594,12 @@ func checkScale(t *testing.T, r *run) {
 		fmt.Sprintf("scale: boot cost of %d volumes (kubelet start with - without): %s (target < 5 s)", len(names), secs(cost)),
 		fmt.Sprintf("scale: units started %s; became active %s", spread(after, set, "InactiveExitTimestampMonotonic"), spread(after, set, "ActiveEnterTimestampMonotonic")),
 	)
+	if c0, c1 := base.kubelet.cpu, after.kubelet.cpu; c0["busy"] > 0 && c1["busy"] > 0 {
+		delta := func(k string) string { return fmt.Sprintf("%+.2f s", (c1[k] - c0[k]).Seconds()) }
+		r.figures = append(r.figures, fmt.Sprintf(
+			"scale: CPU time until kubelet start, with - without volumes: all CPUs busy %s, idle %s; systemd (PID 1) %s, udevd %s, journald %s; sparsevol-boot.service %s",
+			delta("busy"), delta("idle"), delta("init.scope"), delta("systemd-udevd.service"), delta("systemd-journald.service"), secs(c1["sparsevol-boot.service"])))
+	}
 	b0, ok0 := monotonic(after.facts["bootunit.InactiveExitTimestampMonotonic"])
 	b1, ok1 := monotonic(after.facts["bootunit.ActiveEnterTimestampMonotonic"])
 	if ok0 && ok1 {

@@ -21,6 +21,9 @@ type kubeletView struct {
 	links  map[string]string // "/dev/disk/by-uuid/<uuid>" (and /dev/sparsevol/*) -> link target
 	units  map[string]string // "sparsevol@<uuid>.service" -> active state
 	loops  map[string]string // backing file -> /dev/loopN
+	// cpu is the CPU time used by the boot until kubelet started: "busy"
+	// and "idle" over all CPUs (from /proc/stat), and per unit id.
+	cpu    map[string]time.Duration
 	rawErr string
 }
 
@@ -193,6 +196,9 @@ func readKubelet(dir string) kubeletView {
 			}
 		}
 	}
+	if b, err := os.ReadFile(filepath.Join(dir, "cpu")); err == nil {
+		k.cpu = parseCPU(string(b))
+	}
 	if b, err := os.ReadFile(filepath.Join(dir, "loops")); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {
 			if dev, file, ok := strings.Cut(line, " "); ok {
@@ -210,4 +216,35 @@ func (k kubeletView) unitNames() []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// parseCPU reads kubelet.sh's cpu file: the "cpu" line of /proc/stat (in
+// clock ticks of 10 ms: user nice system idle iowait irq softirq ...), then
+// `systemctl show -p Id -p CPUUsageNSec` of some units: one block of
+// properties per unit, in systemctl's order, blocks split by blank lines.
+func parseCPU(text string) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	const tick = 10 * time.Millisecond
+	head, units, _ := strings.Cut(text, "\n")
+	if f := strings.Fields(head); len(f) >= 8 && f[0] == "cpu" {
+		var v [7]int64
+		for i := range v {
+			v[i], _ = strconv.ParseInt(f[i+1], 10, 64)
+		}
+		out["busy"] = time.Duration(v[0]+v[1]+v[2]+v[5]+v[6]) * tick
+		out["idle"] = time.Duration(v[3]+v[4]) * tick
+	}
+	for _, block := range strings.Split(units, "\n\n") {
+		props := map[string]string{}
+		for _, line := range strings.Split(block, "\n") {
+			if k, v, ok := strings.Cut(line, "="); ok {
+				props[k] = v
+			}
+		}
+		// "[not set]" or 2^64-1 where systemd has no figure: left out.
+		if ns, err := strconv.ParseInt(props["CPUUsageNSec"], 10, 64); err == nil && props["Id"] != "" {
+			out[props["Id"]] = time.Duration(ns)
+		}
+	}
+	return out
 }
