@@ -117,12 +117,28 @@ func reserveLocked(control, count int) (int, error) {
 		if !s.add {
 			continue
 		}
-		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(control), unix.LOOP_CTL_ADD, uintptr(s.n)); errno != 0 && errno != unix.EEXIST {
-			return added, fmt.Errorf("reserve loop devices: LOOP_CTL_ADD %d: %w", s.n, errno)
+		made, err := addDevice(control, s.n)
+		if err != nil {
+			return added, fmt.Errorf("reserve loop devices: %w", err)
 		}
-		added++
+		if made {
+			added++
+		}
 	}
 	return added, nil
+}
+
+// addDevice creates /dev/loopN through the control fd; made is false when
+// the device already existed (EEXIST), which is not an error.
+func addDevice(control, n int) (made bool, err error) {
+	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(control), unix.LOOP_CTL_ADD, uintptr(n))
+	switch errno {
+	case 0:
+		return true, nil
+	case unix.EEXIST:
+		return false, nil
+	}
+	return false, fmt.Errorf("LOOP_CTL_ADD %d: %w", n, errno)
 }
 
 // slot is a device number for one request and whether it must be created.
@@ -205,9 +221,9 @@ func attachNumber(control int, s slot, req AttachRequest) AttachResult {
 	}
 	defer unix.Close(backing)
 	if s.add {
-		// EEXIST: someone made it meanwhile; binding it tells if it is free.
-		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(control), unix.LOOP_CTL_ADD, uintptr(s.n)); errno != 0 && errno != unix.EEXIST {
-			return AttachResult{Err: fmt.Errorf("attach %s: LOOP_CTL_ADD %d: %w", req.Path, s.n, errno)}
+		// Made by someone meanwhile: binding it tells if it is free.
+		if _, err := addDevice(control, s.n); err != nil {
+			return AttachResult{Err: fmt.Errorf("attach %s: %w", req.Path, err)}
 		}
 	}
 	dev, err := bindNumber(s.n, backing, want, req.Options)

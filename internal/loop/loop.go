@@ -663,7 +663,7 @@ func openDevice(n int, flags int) (int, error) {
 // opened as before. Callers hold the /dev/loop-control lock, which makes the
 // node's name theirs.
 func openUnwatched(n int, flags int) (int, error) {
-	if !udevWatches() {
+	if !UdevRunning() {
 		return openDevice(n, flags)
 	}
 	var st unix.Stat_t
@@ -690,9 +690,10 @@ func openUnwatched(n int, flags int) (int, error) {
 // privateNodePrefix names openUnwatched's short-lived nodes.
 const privateNodePrefix = "/dev/.sparsevol-bind-loop"
 
-// udevWatches reports whether udevd runs, and so may watch /dev/loopN
-// (a variable for tests on machines without udev).
-var udevWatches = func() bool {
+// UdevRunning reports whether udevd runs: it then makes the /dev/disk
+// links and watches /dev/loopN. A variable for tests on machines without
+// udev.
+var UdevRunning = func() bool {
 	_, err := os.Stat("/run/udev/control")
 	return err == nil
 }

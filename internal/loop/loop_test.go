@@ -392,9 +392,9 @@ func assertNotBoundTo(t *testing.T, path string, id FileID) {
 func TestBindLeavesUdevWatchQuiet(t *testing.T) {
 	testutil.RequireRoot(t)
 	// Whether or not udevd runs here, bind as if it did.
-	saved := udevWatches
-	udevWatches = func() bool { return true }
-	t.Cleanup(func() { udevWatches = saved })
+	saved := UdevRunning
+	UdevRunning = func() bool { return true }
+	t.Cleanup(func() { UdevRunning = saved })
 	path, _ := backingFile(t, 4<<20)
 	control, err := lockControl()
 	if err != nil {

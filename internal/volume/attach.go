@@ -83,7 +83,7 @@ func (s *Store) finishAttach(ctx context.Context, v *Volume, dev *loop.Device) e
 	if err := s.publish(v, dev); err != nil {
 		return err
 	}
-	return s.awaitAndMark(ctx, v, dev, udevRunning())
+	return s.awaitAndMark(ctx, v, dev, loop.UdevRunning())
 }
 
 // publish points the volume's /dev/sparsevol link at its data device.
@@ -215,7 +215,8 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 	// Add the devices the binds below will need while the metadata is
 	// read, so udev handles their "add" while they are empty (see
 	// loop.Reserve). Every bound device counts as one of ours: a foreign
-	// one can only make this reserve too few, never too many.
+	// one can only make this reserve too few; volumes that turn out not
+	// ready, too many (spare empty devices, as losetup leaves).
 	if need := len(locked) - len(devs); need > 0 {
 		if _, err := loop.Reserve(need); err != nil {
 			s.log.Warn("reserving loop devices", "err", err) // the binds add their own
@@ -298,7 +299,7 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 	// Wait for udev once for all, not volume by volume, with one deadline.
 	ctx, cancel := context.WithTimeout(ctx, s.opts.UdevTimeout)
 	defer cancel()
-	udev := udevRunning()
+	udev := loop.UdevRunning()
 	for i, v := range vols {
 		if volErrs[i] == nil {
 			volErrs[i] = s.awaitAndMark(ctx, v, attached[v], udev)
@@ -483,12 +484,6 @@ func (s *Store) markAttached(uuid string) error {
 		return fmt.Errorf("mark attached %s: %w", path, err)
 	}
 	return unix.Close(fd)
-}
-
-// udevRunning reports whether udevd is there to create /dev/disk links.
-func udevRunning() bool {
-	_, err := os.Stat("/run/udev/control")
-	return err == nil
 }
 
 // waitForLink polls until link resolves to dev or one of its partitions,

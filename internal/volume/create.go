@@ -234,7 +234,7 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) error {
 	if err := s.format(ctx, v, dev); err != nil {
 		return err
 	}
-	if udevRunning() {
+	if loop.UdevRunning() {
 		// Have udev probe the new filesystem or partition table now; the
 		// stable link is waited for below (and by the unit).
 		if err := loop.NotifyChange(dev.Path); err != nil {
