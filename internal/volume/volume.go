@@ -36,6 +36,9 @@ var (
 	ErrBusy = errors.New("volume in use")
 	// ErrNotReady: the volume exists but an earlier create did not finish.
 	ErrNotReady = errors.New("volume not ready")
+	// ErrMismatch: a device does not hold what the volume says it holds
+	// (its own filesystem, its own partition table); nothing was changed.
+	ErrMismatch = errors.New("volume content does not match its metadata")
 )
 
 // Mode is how a volume is consumed.

@@ -1,0 +1,68 @@
+package volume
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+// Found is what blkid recognises on a device or file: a filesystem (Type,
+// UUID) or a partition table (PTType). Empty fields: nothing recognised.
+type Found struct {
+	Type   string
+	UUID   string
+	PTType string
+}
+
+func (f Found) String() string {
+	switch {
+	case f.Type != "":
+		return fmt.Sprintf("%s with UUID %q", f.Type, f.UUID)
+	case f.PTType != "":
+		return "a " + f.PTType + " partition table"
+	}
+	return "nothing blkid recognises"
+}
+
+// probe asks blkid, bypassing its cache, what path holds. Nothing
+// recognised is not an error (blkid exits 2 with no output then).
+func (s *Store) probe(ctx context.Context, path string) (Found, error) {
+	out, err := s.run.run(ctx, "blkid", "--probe", "--output", "export", path)
+	if err != nil && len(out) == 0 {
+		if exitCode(err) == 2 {
+			return Found{}, nil
+		}
+		return Found{}, fmt.Errorf("probe %s: %w", path, err)
+	}
+	tags := parseExport(out)
+	return Found{Type: tags["TYPE"], UUID: strings.ToLower(tags["UUID"]), PTType: tags["PTTYPE"]}, nil
+}
+
+// CheckFilesystem proves that device holds v's own filesystem: type
+// v.FSType and UUID v.UUID. Anything else (nothing, another filesystem,
+// another UUID) is ErrMismatch, naming what was found and how to look at
+// it; callers never format in answer to it. Only Create formats.
+func (s *Store) CheckFilesystem(ctx context.Context, v *Volume, device string) error {
+	if v.Mode != ModeFilesystem {
+		return nil
+	}
+	found, err := s.probe(ctx, device)
+	if err != nil {
+		return fmt.Errorf("volume %s: %w", v.Name, err)
+	}
+	if found.Type == v.FSType && found.UUID == v.UUID {
+		return nil
+	}
+	return fmt.Errorf("volume %s: %s holds %s, not the volume's %s with UUID %s (inspect it with `blkid -p %s`%s; it is never formatted again): %w",
+		v.Name, device, found, v.FSType, v.UUID, device, fsckHint(v.FSType, device), ErrMismatch)
+}
+
+func fsckHint(fsType, device string) string {
+	switch fsType {
+	case "ext4":
+		return " and `e2fsck -n " + device + "`"
+	case "xfs":
+		return " and `xfs_repair -n " + device + "`"
+	}
+	return ""
+}
