@@ -1,0 +1,64 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestKilledCLILeavesNoChild: a CLI killed with SIGKILL while mkfs runs
+// takes mkfs with it, and the volume it was creating can be deleted.
+func TestKilledCLILeavesNoChild(t *testing.T) {
+	root := newRoot(t)
+	bin := t.TempDir()
+	pidFile := filepath.Join(bin, "pid")
+	// A slow mkfs that holds the device, as a real one does.
+	script := "#!/bin/sh\nfor a; do last=$a; done\nexec 3<\"$last\"\necho $$ > " + pidFile + "\nexec sleep 300\n"
+	if err := os.WriteFile(filepath.Join(bin, "mkfs.ext4"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "--root", root, "create", "v", "--size", "8M", "--no-start")
+	cmd.Env = append(os.Environ(), asCLI+"=1", "PATH="+bin+":"+os.Getenv("PATH"))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := 0
+	for deadline := time.Now().Add(20 * time.Second); pid == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatal("the fake mkfs never started")
+		}
+		if b, err := os.ReadFile(pidFile); err == nil && strings.HasSuffix(string(b), "\n") {
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		}
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	if !processGone(pid, 5*time.Second) {
+		exec.Command("kill", "-9", strconv.Itoa(pid)).Run()
+		processGone(pid, 5*time.Second)
+		t.Fatalf("mkfs (pid %d) still runs after its CLI was killed", pid)
+	}
+	mustRun(t, root, "delete", "v")
+}
+
+// processGone waits up to d for pid to exit (gone, or a zombie nobody
+// reaped yet) and reports whether it did.
+func processGone(pid int, d time.Duration) bool {
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			return true
+		}
+		// pid (comm) S ...: the state follows the last ')'.
+		if i := strings.LastIndexByte(string(stat), ')'); i > 0 && strings.HasPrefix(string(stat[i+1:]), " Z") {
+			return true
+		}
+	}
+	return false
+}
