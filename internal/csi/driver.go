@@ -59,8 +59,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics, if not nil, records calls and exposes volume gauges.
 	Metrics *Metrics
-	// Mounter formats and mounts; nil uses the host's mount(8) without
-	// systemd scopes.
+	// Mounter mounts (the node never formats: only CreateVolume does,
+	// through the store); nil uses the host's mount(8) without systemd
+	// scopes.
 	Mounter *mount.SafeFormatAndMount
 }
 
@@ -190,7 +191,7 @@ func toStatus(err error) error {
 		code = codes.AlreadyExists
 	case errors.Is(err, volume.ErrNoSpace):
 		code = codes.ResourceExhausted
-	case errors.Is(err, volume.ErrBusy):
+	case errors.Is(err, volume.ErrBusy), errors.Is(err, volume.ErrMismatch):
 		code = codes.FailedPrecondition
 	case errors.Is(err, volume.ErrNotReady):
 		code = codes.Unavailable

@@ -42,21 +42,10 @@ func (d *Driver) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.Nod
 	}, nil
 }
 
-// formatOptions keep the volume UUID as the filesystem UUID should a
-// blank device ever be formatted at stage time.
-func formatOptions(v *volume.Volume) []string {
-	var opts []string
-	switch v.FSType {
-	case "ext4":
-		opts = []string{"-U", v.UUID}
-	case "xfs":
-		opts = []string{"-m", "uuid=" + v.UUID}
-	}
-	return append(opts, v.MkfsOptions...)
-}
-
 // NodeStageVolume attaches the volume and, for mount volumes, mounts its
-// filesystem at the staging path (formatting only a blank device).
+// filesystem at the staging path. It never formats: only CreateVolume
+// does. A device that does not hold the volume's own filesystem is
+// FailedPrecondition and stays as it is.
 func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
 	id, staging, c := req.GetVolumeId(), req.GetStagingTargetPath(), req.GetVolumeCapability()
 	switch {
@@ -94,7 +83,7 @@ func (d *Driver) stage(ctx context.Context, v *volume.Volume, c *csi.VolumeCapab
 	var staged *volume.Status
 	err := d.store.WithDevice(ctx, v.UUID, func(st *volume.Status) error {
 		var err error
-		staged, err = d.stageDevice(v, c, staging, st)
+		staged, err = d.stageDevice(ctx, v, c, staging, st)
 		return err
 	})
 	if err != nil {
@@ -106,7 +95,7 @@ func (d *Driver) stage(ctx context.Context, v *volume.Volume, c *csi.VolumeCapab
 	return staged, nil
 }
 
-func (d *Driver) stageDevice(v *volume.Volume, c *csi.VolumeCapability, staging string, st *volume.Status) (*volume.Status, error) {
+func (d *Driver) stageDevice(ctx context.Context, v *volume.Volume, c *csi.VolumeCapability, staging string, st *volume.Status) (*volume.Status, error) {
 	if v.Mode == volume.ModeBlock {
 		if st.DataDevice == "" {
 			return nil, status.Errorf(codes.Internal, "volume %s is attached to %s but the kernel shows no partition to use", v.UUID, st.Device)
@@ -125,6 +114,9 @@ func (d *Driver) stageDevice(v *volume.Volume, c *csi.VolumeCapability, staging 
 	} else if mp {
 		return nil, status.Errorf(codes.AlreadyExists, "staging path %s holds a mount of another device than %s of volume %s", staging, st.DataDevice, v.UUID)
 	}
+	if err := d.store.CheckFilesystem(ctx, v, st.DataDevice); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(staging, 0o750); err != nil {
 		return nil, status.Errorf(codes.Internal, "volume %s: create staging path: %v", v.UUID, err)
 	}
@@ -132,7 +124,7 @@ func (d *Driver) stageDevice(v *volume.Volume, c *csi.VolumeCapability, staging 
 	if v.Labels[LabelDiscard] == "true" && !slices.Contains(flags, "discard") {
 		flags = append(slices.Clone(flags), "discard")
 	}
-	if err := d.mounter.FormatAndMountSensitiveWithFormatOptions(st.DataDevice, staging, v.FSType, flags, nil, formatOptions(v)); err != nil {
+	if err := d.mounter.Mount(st.DataDevice, staging, v.FSType, flags); err != nil {
 		return nil, status.Errorf(codes.Internal, "volume %s: mount %s (%s) at %s: %v", v.UUID, st.DataDevice, v.FSType, staging, err)
 	}
 	d.log.Info("volume staged", "volume_id", v.UUID, "name", v.Name, "device", st.DataDevice, "staging_target_path", staging)
