@@ -47,6 +47,9 @@ func (r *CreateRequest) normalize() error {
 		if !ValidUUID(r.UUID) {
 			return fmt.Errorf("uuid %q is not of the form xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx: %w", r.UUID, ErrInvalid)
 		}
+		if r.UUID == nilUUID {
+			return fmt.Errorf("uuid %s is the nil UUID, which names no filesystem: %w", r.UUID, ErrInvalid)
+		}
 	}
 	if r.Mode == "" {
 		r.Mode = ModeFilesystem

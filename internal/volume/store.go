@@ -79,8 +79,8 @@ func Open(root string, opts Options) (*Store, error) {
 	if opts.OvercommitRatio == 0 {
 		opts.OvercommitRatio = 1
 	}
-	if opts.OvercommitRatio < 0 {
-		return nil, fmt.Errorf("open store %s: overcommit ratio %v is negative: %w", abs, opts.OvercommitRatio, ErrInvalid)
+	if err := checkOvercommitRatio(opts.OvercommitRatio); err != nil {
+		return nil, fmt.Errorf("open store %s: %w", abs, err)
 	}
 	if opts.UdevTimeout == 0 {
 		opts.UdevTimeout = 30 * time.Second

@@ -13,10 +13,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/big"
 	"regexp"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sparsevol/sparsevol/internal/loop"
 )
@@ -134,57 +136,120 @@ func NewUUID() string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
+// MaxNameLength is the longest volume name, in characters (bytes: names
+// are ASCII).
+const MaxNameLength = 253
+
 // ValidateName checks a volume name: what may become part of a unit name,
-// a label or a path component without quoting surprises.
+// a label or a path component without quoting surprises. A name is ASCII
+// letters, digits, '.', '_' and '-', does not start with '-' or '.',
+// contains no "..", and is never shaped like a UUID in any letter case
+// (references are resolved by UUID first, so such a name could stand for
+// another volume).
 func ValidateName(name string) error {
-	switch {
-	case name == "":
+	if name == "" {
 		return fmt.Errorf("name is empty: %w", ErrInvalid)
-	case len(name) > 253:
-		return fmt.Errorf("name is %d characters, at most 253 allowed: %w", len(name), ErrInvalid)
-	case name == "." || strings.Contains(name, ".."):
-		return fmt.Errorf("name %q contains \"..\": %w", name, ErrInvalid)
-	case strings.HasPrefix(name, "."):
-		return fmt.Errorf("name %q starts with a dot: %w", name, ErrInvalid)
 	}
-	for _, r := range name {
-		switch {
-		case r == '/':
-			return fmt.Errorf("name %q contains \"/\": %w", name, ErrInvalid)
-		case r == 0:
-			return fmt.Errorf("name contains a NUL byte: %w", ErrInvalid)
-		case r == ' ' || r == '\t' || r == '\n' || r < 0x20 || r == 0x7f:
-			return fmt.Errorf("name %q contains spaces or control characters: %w", name, ErrInvalid)
+	for i := 0; i < len(name); i++ {
+		if !nameByte(name[i]) {
+			return fmt.Errorf("name %+q contains %s; allowed are ASCII letters, digits, '.', '_' and '-': %w",
+				name, describeByte(name, i), ErrInvalid)
 		}
+	}
+	switch {
+	case len(name) > MaxNameLength:
+		return fmt.Errorf("name is %d characters, at most %d allowed: %w", len(name), MaxNameLength, ErrInvalid)
+	case name[0] == '-' || name[0] == '.':
+		return fmt.Errorf("name %q starts with %q: %w", name, name[:1], ErrInvalid)
+	case strings.Contains(name, ".."):
+		return fmt.Errorf("name %q contains \"..\": %w", name, ErrInvalid)
+	case uuidShapeRE.MatchString(name):
+		return fmt.Errorf("name %q is shaped like a UUID, which would make it ambiguous with a volume's UUID: %w", name, ErrInvalid)
 	}
 	return nil
 }
 
-// ParseSize parses bytes or a number with K/M/G/T or Ki/Mi/Gi/Ti (both
-// powers of 1024, optionally followed by B). Zero and negative sizes are
+func nameByte(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-'
+}
+
+// describeByte names the character at byte offset i of s for an error
+// message: the rune (quoted, with its code point) or the invalid byte.
+func describeByte(s string, i int) string {
+	r, size := utf8.DecodeRuneInString(s[i:])
+	if r == utf8.RuneError && size <= 1 {
+		return fmt.Sprintf("the byte 0x%02x, which is not UTF-8", s[i])
+	}
+	return fmt.Sprintf("%+q (%U)", r, r)
+}
+
+var uuidShapeRE = regexp.MustCompile(`^(?i)[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+
+// nilUUID is the all-zero UUID: no filesystem or partition can be told
+// apart by it.
+const nilUUID = "00000000-0000-0000-0000-000000000000"
+
+// maxSize bounds parsed sizes, so that rounding and the store's space
+// arithmetic cannot overflow.
+const maxSize = math.MaxInt64 / 2
+
+// sizeRE is the grammar of ParseSize: a decimal number (digits, optionally
+// a fraction) and an optional unit, K M G T P in either case, optionally
+// followed by i, optionally followed by B (or a B alone: bytes).
+var sizeRE = regexp.MustCompile(`^([0-9]+(?:\.[0-9]+)?)(?:([KMGTPkmgtp])(i)?)?([Bb])?$`)
+
+// ParseSize parses bytes or a number with K/M/G/T/P or Ki/Mi/Gi/Ti/Pi (all
+// powers of 1024, optionally followed by B). The number is decimal digits
+// with an optional fraction: no sign, exponent, separators or spaces. The
+// result is rounded up to a whole byte; zero and sizes beyond 4 EiB are
 // rejected.
 func ParseSize(s string) (int64, error) {
-	in := strings.TrimSpace(s)
-	num := strings.TrimRight(in, "KMGTPkmgtpiBb")
-	unit := strings.ToUpper(strings.TrimSuffix(strings.TrimSuffix(in[len(num):], "B"), "b"))
-	unit = strings.TrimSuffix(unit, "I")
-	shift := map[string]uint{"": 0, "K": 10, "M": 20, "G": 30, "T": 40, "P": 50}
-	sh, ok := shift[unit]
-	if !ok || num == "" {
-		return 0, fmt.Errorf("size %q: want bytes or a number with K, M, G, T (or Ki, Mi, Gi, Ti): %w", s, ErrInvalid)
+	m := sizeRE.FindStringSubmatch(s)
+	if m == nil {
+		return 0, fmt.Errorf("size %q: want bytes or a number with K, M, G, T, P (or Ki, Mi, Gi, Ti, Pi), digits and an optional fraction only: %w", s, ErrInvalid)
 	}
-	v, err := strconv.ParseFloat(num, 64)
-	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+	n, ok := new(big.Rat).SetString(m[1])
+	if !ok {
 		return 0, fmt.Errorf("size %q is not a number: %w", s, ErrInvalid)
 	}
-	if v <= 0 {
+	if m[2] != "" {
+		shift := uint(10 * (1 + strings.IndexByte("KMGTP", strings.ToUpper(m[2])[0])))
+		n.Mul(n, new(big.Rat).SetInt(new(big.Int).Lsh(big.NewInt(1), shift)))
+	}
+	if n.Sign() <= 0 {
 		return 0, fmt.Errorf("size %q must be positive: %w", s, ErrInvalid)
 	}
-	bytes := v * float64(uint64(1)<<sh)
-	if bytes > float64(math.MaxInt64/2) {
-		return 0, fmt.Errorf("size %q is too large: %w", s, ErrInvalid)
+	// Round up to a whole byte.
+	q, r := new(big.Int).QuoRem(n.Num(), n.Denom(), new(big.Int))
+	if r.Sign() != 0 {
+		q.Add(q, big.NewInt(1))
 	}
-	return int64(math.Ceil(bytes)), nil
+	if !q.IsInt64() || q.Int64() > maxSize {
+		return 0, fmt.Errorf("size %q is too large (at most %s): %w", s, FormatSize(maxSize+1), ErrInvalid)
+	}
+	return q.Int64(), nil
+}
+
+// ParseOvercommitRatio parses an overcommit ratio (Options.OvercommitRatio)
+// from a flag or the environment and checks it as Open does.
+func ParseOvercommitRatio(s string) (float64, error) {
+	r, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return 0, fmt.Errorf("overcommit ratio %q is not a number: %w", s, ErrInvalid)
+	}
+	if err := checkOvercommitRatio(r); err != nil {
+		return 0, err
+	}
+	return r, nil
+}
+
+// checkOvercommitRatio is the rule for an overcommit ratio: a finite
+// positive number. NaN would turn off the space policy.
+func checkOvercommitRatio(r float64) error {
+	if math.IsNaN(r) || math.IsInf(r, 0) || r <= 0 {
+		return fmt.Errorf("overcommit ratio %v: want a finite positive number (1 = never overcommit): %w", r, ErrInvalid)
+	}
+	return nil
 }
 
 // RoundUpMiB rounds a size up to a whole MiB.

@@ -2,6 +2,7 @@ package volume
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 )
@@ -34,6 +35,27 @@ func TestParseSize(t *testing.T) {
 		{"1e400", 0, false},
 		{"NaN", 0, false},
 		{"99999999P", 0, false},
+		{"512B", 512, true},
+		{"1.5", 2, true},
+		{"8m", 8 << 20, true},
+		{"4PiB", 4 << 50, true},
+		{"10iB", 0, false},
+		{"1_000_000_000", 0, false},
+		{"1e3", 0, false},
+		{"0x10", 0, false},
+		{"+8M", 0, false},
+		{" 8M", 0, false},
+		{"8 M", 0, false},
+		{"8MiBB", 0, false},
+		{"8Bi", 0, false},
+		{"Inf", 0, false},
+		{"1.", 0, false},
+		{".5G", 0, false},
+		{"0.0000001", 1, true},
+		{"0.0", 0, false},
+		{"٣M", 0, false},
+		{"4096P", 0, false},
+		{"4095.9999999P", 4611686018314797914, true}, // rounded up to a whole byte
 	}
 	for _, tt := range tests {
 		got, err := ParseSize(tt.in)
@@ -64,6 +86,22 @@ func TestValidateName(t *testing.T) {
 		{"a\x00b", false},
 		{"tab\there", false},
 		{".hidden", false},
+		{"-x", false},
+		{"a\u202eb", false},
+		{"a\u00a0b", false},
+		{strings.Repeat("é", 100), false},
+		{"name\xff", false},
+		{"7f561330-fb42-440f-83e9-e9f8aa31d2f4", false},
+		{"7F561330-FB42-440F-83E9-E9F8AA31D2F4", false},
+		{"00000000-0000-0000-0000-000000000000", false},
+		{"7f561330-fb42-440f-83e9-e9f8aa31d2f", true},
+		{"7f561330fb42440f83e9e9f8aa31d2f4", true},
+		{"x-7f561330-fb42-440f-83e9-e9f8aa31d2f4", true},
+		{"a~b", false},
+		{"a:b", false},
+		{"a@b", false},
+		{"a\\b", false},
+		{"Data_01-x.y", true},
 	}
 	for _, tt := range tests {
 		err := ValidateName(tt.name)
@@ -73,6 +111,56 @@ func TestValidateName(t *testing.T) {
 		if err != nil && !errors.Is(err, ErrInvalid) {
 			t.Errorf("ValidateName(%q) error is not ErrInvalid: %v", tt.name, err)
 		}
+	}
+}
+
+func TestValidateNameLengthMessage(t *testing.T) {
+	err := ValidateName(strings.Repeat("n", 254))
+	if err == nil || !strings.Contains(err.Error(), "254 characters") {
+		t.Fatalf("ValidateName(254 x n) = %v, want it to say 254 characters", err)
+	}
+}
+
+func TestParseOvercommitRatio(t *testing.T) {
+	tests := []struct {
+		in   string
+		want float64
+		ok   bool
+	}{
+		{"1", 1, true},
+		{"2.5", 2.5, true},
+		{"1e9", 1e9, true},
+		{"NaN", 0, false},
+		{"nan", 0, false},
+		{"Inf", 0, false},
+		{"+Inf", 0, false},
+		{"-Inf", 0, false},
+		{"1e400", 0, false},
+		{"-1", 0, false},
+		{"0", 0, false},
+		{"abc", 0, false},
+		{"", 0, false},
+		{"1x", 0, false},
+	}
+	for _, tt := range tests {
+		got, err := ParseOvercommitRatio(tt.in)
+		if (err == nil) != tt.ok || got != tt.want {
+			t.Errorf("ParseOvercommitRatio(%q) = %v, %v; want %v, ok=%v", tt.in, got, err, tt.want, tt.ok)
+		}
+		if err != nil && !errors.Is(err, ErrInvalid) {
+			t.Errorf("ParseOvercommitRatio(%q) error %v is not ErrInvalid", tt.in, err)
+		}
+	}
+}
+
+func TestOpenRejectsBadOvercommitRatio(t *testing.T) {
+	for _, r := range []float64{math.NaN(), math.Inf(1), math.Inf(-1), -1} {
+		if _, err := Open(t.TempDir(), Options{OvercommitRatio: r}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("Open with overcommit ratio %v = %v, want ErrInvalid", r, err)
+		}
+	}
+	if _, err := Open(t.TempDir(), Options{OvercommitRatio: 3}); err != nil {
+		t.Errorf("Open with overcommit ratio 3: %v", err)
 	}
 }
 
@@ -96,6 +184,7 @@ func TestNormalizeCreateRequest(t *testing.T) {
 		{"fs with block", CreateRequest{Name: "a", SizeBytes: 1 << 30, Mode: ModeBlock, FSType: "ext4"}, false, CreateRequest{}},
 		{"no-partition with fs", CreateRequest{Name: "a", SizeBytes: 1 << 30, NoPartition: true}, false, CreateRequest{}},
 		{"bad uuid", CreateRequest{Name: "a", SizeBytes: 1 << 30, UUID: "1234"}, false, CreateRequest{}},
+		{"nil uuid", CreateRequest{Name: "a", SizeBytes: 1 << 30, UUID: "00000000-0000-0000-0000-000000000000"}, false, CreateRequest{}},
 		{"upper-case uuid accepted", CreateRequest{Name: "a", SizeBytes: 1 << 30, UUID: "7F561330-FB42-440F-83E9-E9F8AA31D2F4"}, true,
 			CreateRequest{Mode: ModeFilesystem, FSType: "ext4", SizeBytes: 1 << 30}},
 		{"mkfs option changing uuid", CreateRequest{Name: "a", SizeBytes: 1 << 30, MkfsOptions: []string{"-U 7f561330-fb42-440f-83e9-e9f8aa31d2f4"}}, false, CreateRequest{}},

@@ -1,0 +1,110 @@
+package volume
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// sizeGrammar is ParseSize's documented grammar, written out by hand so the
+// fuzzer checks the regular expression against an independent reading:
+// digits, optionally '.' and digits, optionally one of KMGTP (either case)
+// and an 'i', optionally 'B' or 'b'.
+func sizeGrammar(s string) bool {
+	i := 0
+	digits := func() bool {
+		start := i
+		for i < len(s) && '0' <= s[i] && s[i] <= '9' {
+			i++
+		}
+		return i > start
+	}
+	if !digits() {
+		return false
+	}
+	if i < len(s) && s[i] == '.' {
+		i++
+		if !digits() {
+			return false
+		}
+	}
+	if i < len(s) && strings.IndexByte("KMGTPkmgtp", s[i]) >= 0 {
+		i++
+		if i < len(s) && s[i] == 'i' {
+			i++
+		}
+	}
+	if i < len(s) && (s[i] == 'B' || s[i] == 'b') {
+		i++
+	}
+	return i == len(s)
+}
+
+func FuzzParseSize(f *testing.F) {
+	for _, s := range []string{
+		"1", "8M", "64MiB", "1.5G", "2Gi", "1T", "4PiB", "512B", "0.0000001",
+		"10iB", "1_000_000_000", "1e3", "0x10", "+8M", "-1G", " 8M", "8M ",
+		"NaN", "Inf", "1e400", "99999999P", "4096P", "0", "0.0", ".5", "1.",
+		"٣M", "８M", "8\x00M", "8MiBB", "8Bi", "",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, err := ParseSize(s)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("ParseSize(%q) error %v is not ErrInvalid", s, err)
+			}
+			if n != 0 {
+				t.Fatalf("ParseSize(%q) = %d with an error", s, n)
+			}
+			return
+		}
+		if !sizeGrammar(s) {
+			t.Fatalf("ParseSize(%q) = %d, but the input is outside the grammar", s, n)
+		}
+		if n <= 0 || n > maxSize || RoundUpMiB(n) < n {
+			t.Fatalf("ParseSize(%q) = %d, not a positive size that rounds to a MiB", s, n)
+		}
+		// Plain digits are bytes, exactly.
+		if b, err := strconv.ParseInt(s, 10, 64); err == nil && b != n {
+			t.Fatalf("ParseSize(%q) = %d, want %d", s, n, b)
+		}
+	})
+}
+
+func FuzzValidateName(f *testing.F) {
+	for _, s := range []string{
+		"data", "prometheus-0", "a.b_c", "", "-x", ".hidden", "..", "a..b", "a/b",
+		"a b", "a\u202eb", "a\u00a0b", "a\x00b", "tab\there", "é", "name\xff",
+		"7f561330-fb42-440f-83e9-e9f8aa31d2f4", "7F561330-FB42-440F-83E9-E9F8AA31D2F4",
+		"00000000-0000-0000-0000-000000000000", "7f561330fb42440f83e9e9f8aa31d2f4",
+		strings.Repeat("a", 253), strings.Repeat("a", 254), strings.Repeat("é", 127),
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		err := ValidateName(name)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("ValidateName(%q) error %v is not ErrInvalid", name, err)
+			}
+			return
+		}
+		if len(name) == 0 || len(name) > MaxNameLength {
+			t.Fatalf("ValidateName accepted %q of length %d", name, len(name))
+		}
+		if name[0] == '-' || name[0] == '.' || strings.Contains(name, "..") {
+			t.Fatalf("ValidateName accepted %q", name)
+		}
+		for _, r := range name {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+				t.Fatalf("ValidateName accepted %q with %U", name, r)
+			}
+		}
+		if ValidUUID(strings.ToLower(name)) {
+			t.Fatalf("ValidateName accepted the UUID-shaped %q", name)
+		}
+	})
+}
