@@ -117,16 +117,24 @@ template unit (sparsevol@<uuid>.service) — no network, no API server.`,
 	if defRoot == "" {
 		defRoot = volume.DefaultRoot
 	}
-	defRatio := 1.0
-	if v := os.Getenv("SPARSEVOL_OVERCOMMIT_RATIO"); v != "" {
-		if f, err := strconv.ParseFloat(v, 64); err == nil {
-			defRatio = f
+	g.overcommit = 1
+	var envErr error
+	if v := os.Getenv(OvercommitEnv); v != "" {
+		if err := (*ratioValue)(&g.overcommit).Set(v); err != nil {
+			envErr = usagef("%s: %w", OvercommitEnv, err)
 		}
+	}
+	// A bad environment counts only where the flag does not override it.
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		if envErr != nil && !cmd.Flags().Changed(overcommitFlag) {
+			return envErr
+		}
+		return nil
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.root, "root", defRoot, "store directory (env "+volume.RootEnv+")")
-	pf.Float64Var(&g.overcommit, "overcommit-ratio", defRatio,
-		"how much the volumes' logical sizes may exceed what the store's filesystem can give them; 1 = never (env SPARSEVOL_OVERCOMMIT_RATIO)")
+	pf.Var((*ratioValue)(&g.overcommit), overcommitFlag,
+		"how much the volumes' logical sizes may exceed what the store's filesystem can give them; 1 = never (env "+OvercommitEnv+")")
 	pf.StringVar(&g.unitDir, "unit-dir", systemd.DefaultUnitDir, "systemd unit directory")
 	pf.StringVar(&g.runDir, "run-dir", "", "where attach marks what it brought up since boot (default "+systemd.DefaultRunDir+" where systemd runs)")
 	_ = pf.MarkHidden("run-dir") // for tests; must match what the units assert
@@ -139,7 +147,49 @@ template unit (sparsevol@<uuid>.service) — no network, no API server.`,
 		newStatusCommand(g), newPVCommand(g), newAdoptCommand(g),
 		newUnitsCommand(g), newDoctorCommand(g), newCSICommand(g), newTrimCommand(g),
 	)
+	refuseUnknownCommands(root)
 	return root, g
+}
+
+// OvercommitEnv names the environment variable that sets the default of
+// --overcommit-ratio.
+const OvercommitEnv = "SPARSEVOL_OVERCOMMIT_RATIO"
+
+const overcommitFlag = "overcommit-ratio"
+
+// ratioValue is the --overcommit-ratio flag; volume parses and checks it.
+type ratioValue float64
+
+func (r *ratioValue) String() string { return strconv.FormatFloat(float64(*r), 'g', -1, 64) }
+func (r *ratioValue) Type() string   { return "float" }
+
+func (r *ratioValue) Set(s string) error {
+	f, err := volume.ParseOvercommitRatio(s)
+	if err != nil {
+		return err
+	}
+	*r = ratioValue(f)
+	return nil
+}
+
+// refuseUnknownCommands makes every command that only groups subcommands
+// (the root, units, ...) refuse an unknown subcommand as a usage error;
+// cobra's own error for it is not one. Called alone, such a command prints
+// its help as before.
+func refuseUnknownCommands(c *cobra.Command) {
+	for _, sub := range c.Commands() {
+		refuseUnknownCommands(sub)
+	}
+	if !c.HasSubCommands() || c.Runnable() {
+		return
+	}
+	c.Args = cobra.ArbitraryArgs
+	c.RunE = func(cmd *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return cmd.Help()
+		}
+		return usagef("unknown command %q for %q", args[0], cmd.CommandPath())
+	}
 }
 
 // Main runs the command line and returns the process exit code.
