@@ -55,12 +55,22 @@ func newListCommand(g *globals) *cobra.Command {
 			}
 			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "NAME\tUUID\tSIZE\tALLOCATED\tMODE\tFS\tSTATE\tDEVICE\tSTABLE PATH")
+			var notes []string
 			for _, st := range sts {
 				fmt.Fprintf(w, "%s\t%s\t%s\t%s (%.0f%%)\t%s\t%s\t%s\t%s\t%s\n",
-					st.Name, st.UUID, volume.FormatSize(st.SizeBytes), humanBytes(st.AllocatedBytes),
+					st.Name, st.UUID, sizeLabel(st), humanBytes(st.AllocatedBytes),
 					100*st.AllocatedRatio(), modeLabel(st), dash(st.FSType), st.State, dash(st.Device), st.StablePath)
+				if note := stateNote(st); note != "" {
+					notes = append(notes, st.Name+": "+note)
+				}
 			}
-			return w.Flush()
+			if err := w.Flush(); err != nil {
+				return err
+			}
+			for _, n := range notes {
+				fmt.Fprintln(g.stdout, n)
+			}
+			return nil
 		},
 	}
 	outputFlag(cmd, &out)
@@ -93,7 +103,13 @@ func newStatusCommand(g *globals) *cobra.Command {
 			row("Name", st.Name)
 			row("UUID", st.UUID)
 			row("State", string(st.State))
+			if note := stateNote(st); note != "" {
+				row("Note", note)
+			}
 			row("Size", fmt.Sprintf("%s (%d bytes)", volume.FormatSize(st.SizeBytes), st.SizeBytes))
+			if st.ExpandingTo != 0 {
+				row("Expanding to", fmt.Sprintf("%s (%d bytes; backing file %d bytes)", volume.FormatSize(st.ExpandingTo), st.ExpandingTo, st.FileSizeBytes))
+			}
 			row("Allocated", fmt.Sprintf("%s (%.1f%%)", humanBytes(st.AllocatedBytes), 100*st.AllocatedRatio()))
 			row("Mode", modeLabel(st))
 			row("Filesystem", dash(st.FSType))
@@ -113,6 +129,28 @@ func newStatusCommand(g *globals) *cobra.Command {
 	return cmd
 }
 
+// sizeLabel is the size, and where an expansion is pending, its target.
+func sizeLabel(st *volume.Status) string {
+	if st.ExpandingTo != 0 {
+		return volume.FormatSize(st.SizeBytes) + "->" + volume.FormatSize(st.ExpandingTo)
+	}
+	return volume.FormatSize(st.SizeBytes)
+}
+
+// stateNote says what a volume in a state that needs the operator is, and
+// what to do about it; "" for the others.
+func stateNote(st *volume.Status) string {
+	switch st.State {
+	case volume.StateBroken:
+		return fmt.Sprintf("broken: %s (repair the file, or `sparsevol delete %s`)", st.Error, st.UUID)
+	case volume.StateExpanding:
+		size := volume.FormatSize(st.ExpandingTo)
+		return fmt.Sprintf("an expansion to %s is pending: `sparsevol expand %s --size %s` finishes it, `sparsevol expand %s --abandon` abandons it",
+			size, st.UUID, size, st.UUID)
+	}
+	return ""
+}
+
 func modeLabel(st *volume.Status) string {
 	switch {
 	case st.Mode == volume.ModeBlock && st.Partitioned:
@@ -120,7 +158,7 @@ func modeLabel(st *volume.Status) string {
 	case st.Mode == volume.ModeBlock:
 		return "block (whole)"
 	}
-	return string(st.Mode)
+	return dash(string(st.Mode))
 }
 
 func dash(s string) string {

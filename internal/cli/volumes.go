@@ -255,6 +255,9 @@ func (g *globals) deleteOne(ctx context.Context, s *volume.Store, ref string) er
 	if err != nil {
 		return err
 	}
+	if v.State == volume.StateBroken {
+		return s.Delete(ctx, v.UUID) // no unit can work with it
+	}
 	// Refuse before stopping the unit: a mounted volume keeps everything.
 	if err := s.InUse(v.UUID); err != nil {
 		return err

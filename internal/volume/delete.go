@@ -13,7 +13,19 @@ import (
 // metadata, in that order, after marking it deleting. It refuses, changing
 // nothing, while the volume is mounted or open, naming who holds it. A crash
 // midway leaves a volume in state deleting that the next Delete finishes.
+// A broken volume (unreadable metadata) is deleted by deleteBroken.
 func (s *Store) Delete(ctx context.Context, ref string) error {
+	v, err := s.Get(ref)
+	if err != nil {
+		return err
+	}
+	if v.State == StateBroken {
+		return s.deleteBroken(v.UUID)
+	}
+	return s.delete(ctx, v.UUID)
+}
+
+func (s *Store) delete(ctx context.Context, ref string) error {
 	return s.withVolume(ref, func(v *Volume) error {
 		s.cleanupTempMount(v) // left by an expansion that crashed
 		if err := inUse(v); err != nil {

@@ -153,22 +153,51 @@ func (s *Store) writeMeta(v *Volume) error {
 	return nil
 }
 
+// readMeta reads the metadata of the volume uuid. A missing file is
+// ErrNotFound; one that cannot be read or parsed, or names another volume,
+// is ErrBroken, naming the file.
 func (s *Store) readMeta(uuid string) (*Volume, error) {
-	data, err := os.ReadFile(s.metaPath(uuid))
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("volume %s: %w", uuid, ErrNotFound)
-		}
-		return nil, fmt.Errorf("read metadata of %s: %w", uuid, err)
+	path := s.metaPath(uuid)
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("volume %s: %w", uuid, ErrNotFound)
 	}
 	var v Volume
-	if err := json.Unmarshal(data, &v); err != nil {
-		return nil, fmt.Errorf("read metadata of %s: %w", uuid, err)
+	if err == nil {
+		err = json.Unmarshal(data, &v)
+		if err == nil && v.UUID != uuid {
+			err = fmt.Errorf("the file names volume %q", v.UUID)
+		}
 	}
-	if v.UUID != uuid {
-		return nil, fmt.Errorf("read metadata of %s: file names volume %s", uuid, v.UUID)
+	if err != nil {
+		return nil, fmt.Errorf("volume %s: %w: %w", uuid, &os.PathError{Op: "read metadata", Path: path, Err: err}, ErrBroken)
 	}
 	return &v, nil
+}
+
+// brokenVolume stands for a volume whose metadata readMeta refused with
+// err: named by its UUID, in state broken, its backing file where every
+// volume's is, and as large as that file (what it promised, for the space
+// policy, as far as anyone can tell).
+func (s *Store) brokenVolume(uuid string, err error) *Volume {
+	v := &Volume{Name: uuid, UUID: uuid, State: StateBroken, BackingFile: s.backingPath(uuid), Error: err.Error()}
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		v.Error = pe.Error() // the file and the reason, without the classes
+	}
+	if fi, err := os.Lstat(v.BackingFile); err == nil && fi.Mode().IsRegular() {
+		v.SizeBytes = fi.Size()
+	}
+	return v
+}
+
+// lookup is readMeta for listing: a broken volume is returned as such.
+func (s *Store) lookup(uuid string) (*Volume, error) {
+	v, err := s.readMeta(uuid)
+	if errors.Is(err, ErrBroken) {
+		return s.brokenVolume(uuid, err), nil
+	}
+	return v, err
 }
 
 func (s *Store) removeMeta(uuid string) error {
@@ -184,6 +213,8 @@ func (s *Store) removeMeta(uuid string) error {
 }
 
 // List returns every volume of the store, in every state, sorted by name.
+// A volume whose metadata cannot be read is listed in state broken, so one
+// bad file hides nothing else.
 func (s *Store) List() ([]*Volume, error) {
 	uuids, err := s.uuids()
 	if err != nil {
@@ -191,7 +222,7 @@ func (s *Store) List() ([]*Volume, error) {
 	}
 	var vols []*Volume
 	for _, uuid := range uuids {
-		v, err := s.readMeta(uuid)
+		v, err := s.lookup(uuid)
 		if errors.Is(err, ErrNotFound) {
 			continue // deleted while we listed
 		}
@@ -219,13 +250,15 @@ func (s *Store) uuids() ([]string, error) {
 	return out, nil
 }
 
-// Get resolves a volume by UUID or name.
+// Get resolves a volume by UUID or name; a broken volume (by its UUID) is
+// returned in state broken. Operations re-read the metadata under the
+// volume's lock (withVolume) and so refuse a broken volume with ErrBroken.
 func (s *Store) Get(ref string) (*Volume, error) {
 	if ref == "" {
 		return nil, fmt.Errorf("empty volume reference: %w", ErrInvalid)
 	}
 	if ValidUUID(ref) {
-		v, err := s.readMeta(ref)
+		v, err := s.lookup(ref)
 		if err == nil || !errors.Is(err, ErrNotFound) {
 			return v, err
 		}

@@ -41,6 +41,9 @@ var (
 	// ErrMismatch: a device does not hold what the volume says it holds
 	// (its own filesystem, its own partition table); nothing was changed.
 	ErrMismatch = errors.New("volume content does not match its metadata")
+	// ErrBroken: the volume's metadata file cannot be read or parsed. It is
+	// an ErrNotReady: the volume exists, and only delete acts on it.
+	ErrBroken = fmt.Errorf("metadata unreadable: %w", ErrNotReady)
 )
 
 // Mode is how a volume is consumed.
@@ -59,6 +62,12 @@ const (
 	StateCreating State = "creating"
 	StateReady    State = "ready"
 	StateDeleting State = "deleting"
+	// StateBroken is never written: List and Get report a volume whose
+	// metadata file cannot be read in it (see Volume.Error).
+	StateBroken State = "broken"
+	// StateExpanding is never written: Status reports a ready volume with
+	// an expansion pending (ExpandingTo) in it.
+	StateExpanding State = "expanding"
 )
 
 // Supported filesystems and the smallest size mkfs accepts for each here.
@@ -88,8 +97,9 @@ type Volume struct {
 	Adopted     bool      `json:"adopted,omitempty"`
 	State       State     `json:"state"`
 	Created     time.Time `json:"created"`
-	// ExpandingTo is set while an expansion is in progress; a rerun of
-	// expand (or attach) finishes it.
+	// ExpandingTo is set while an expansion is in progress: the backing
+	// file may already have that size. Expand to it finishes the expansion,
+	// AbandonExpand takes it back.
 	ExpandingTo int64 `json:"expandingTo,omitempty"`
 	// BackingDev and BackingInode record the backing file's identity, so a
 	// device still bound to the file after it was removed can be found.
@@ -98,6 +108,9 @@ type Volume struct {
 	// Labels carry caller-owned annotations (the CSI driver keeps the
 	// request name and parameters here).
 	Labels map[string]string `json:"labels,omitempty"`
+	// Error, in state broken only, names the metadata file and why it
+	// cannot be read. It is never written.
+	Error string `json:"error,omitempty"`
 }
 
 // StablePath is the path that survives reboots where udev runs:

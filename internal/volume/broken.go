@@ -1,0 +1,66 @@
+package volume
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/loop"
+)
+
+// deleteBroken removes a broken volume (metadata that cannot be read), under
+// its lock: the backing file <root>/<uuid>, then the metadata, so a crash in
+// between leaves it broken, not a file no metadata names. Nothing records
+// what the file held, so it is removed only where it is provably the
+// volume's own: a regular file with one link that no loop device holds.
+// A device on it refuses the delete, changing nothing (ErrBusy); a file that
+// is not provably the volume's is left in place, and the log says so.
+func (s *Store) deleteBroken(uuid string) error {
+	unlock, err := s.lock(uuid)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	switch _, err := s.readMeta(uuid); {
+	case err == nil:
+		return fmt.Errorf("delete %s: its metadata was repaired meanwhile; rerun delete: %w", uuid, ErrNotReady)
+	case !errors.Is(err, ErrBroken):
+		return fmt.Errorf("delete %s: %w", uuid, err)
+	}
+	path := s.backingPath(uuid)
+	var st unix.Stat_t
+	err = unix.Lstat(path, &st)
+	switch {
+	case errors.Is(err, unix.ENOENT):
+	case err != nil:
+		return fmt.Errorf("delete %s: %w", uuid, &fs.PathError{Op: "lstat", Path: path, Err: err})
+	case st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 1:
+		s.log.Warn("broken volume's backing file left in place: not a regular file with one link",
+			"uuid", uuid, "file", path, "links", st.Nlink)
+	default:
+		devs, err := loop.FindAll(loop.FileID{Dev: st.Dev, Inode: st.Ino})
+		if err != nil {
+			return fmt.Errorf("delete %s: %w", uuid, err)
+		}
+		if len(devs) > 0 {
+			paths := make([]string, len(devs))
+			for i, d := range devs {
+				paths[i] = d.Path
+			}
+			return fmt.Errorf("delete %s: %s holds %s (detach it with losetup -d once nothing uses it): %w",
+				uuid, strings.Join(paths, ", "), path, ErrBusy)
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("delete %s: %w", uuid, err)
+		}
+	}
+	if err := s.removeMeta(uuid); err != nil {
+		return err
+	}
+	s.log.Info("broken volume deleted", "uuid", uuid)
+	return nil
+}
