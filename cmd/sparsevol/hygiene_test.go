@@ -62,3 +62,35 @@ func processGone(pid int, d time.Duration) bool {
 	}
 	return false
 }
+
+// TestOpenTidiesStore: every command opens the store, and opening makes a
+// lax store private, saying so on stderr.
+func TestOpenTidiesStore(t *testing.T) {
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, root string)
+		check func(t *testing.T, root string, r result)
+	}{
+		{"world-writable store", func(t *testing.T, root string) {
+			os.Chmod(root, 0o777)
+		}, func(t *testing.T, root string, r result) {
+			if fi, _ := os.Stat(root); fi.Mode().Perm() != 0o700 {
+				t.Errorf("store mode %04o, want 0700", fi.Mode().Perm())
+			}
+			if !strings.Contains(r.stderr, "made it private") || !strings.Contains(r.stderr, "0777") {
+				t.Errorf("stderr does not say the store was made private: %q", r.stderr)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			root := newRoot(t)
+			tt.setup(t, root)
+			r := sparsevol(t, root, nil, "list")
+			if r.code != 0 {
+				t.Fatalf("list: exit %d: %s", r.code, r.stderr)
+			}
+			tt.check(t, root, r)
+		})
+	}
+}

@@ -145,17 +145,13 @@ func (g *globals) diagnose() []finding {
 	}
 
 	// Store.
+	// Open refuses a store it cannot trust and makes a lax one private.
 	s, err := g.store()
 	if err != nil {
-		add("FAIL", "store", err.Error(), "install -d -m 0700 "+g.root)
+		add("FAIL", "store", err.Error(), "")
 		return out
 	}
-	if fi, err := os.Stat(s.Root()); err == nil && fi.Mode().Perm()&0o077 != 0 {
-		add("WARN", "store", fmt.Sprintf("%s is mode %o: other users can read volume data", s.Root(), fi.Mode().Perm()),
-			"chmod 0700 "+s.Root())
-	} else {
-		add("OK", "store", s.Root()+" exists and is private", "")
-	}
+	add("OK", "store", s.Root()+" exists and is private", "")
 	out = append(out, partitionSupport(s.Root()))
 
 	sp, err := s.Space()

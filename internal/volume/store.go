@@ -55,9 +55,15 @@ type Store struct {
 	run  runner
 }
 
-// Open opens the store at root, which must exist, be a directory and be
+// Open opens the store at root, which must exist, be a directory (not a
+// symbolic link to one), be owned by root or by the caller, and be
 // writable. It creates nothing: a missing store is an input error, not
 // something to paper over with a fresh empty directory.
+//
+// A store that lets group or world in is made private (group and world
+// access removed) and the change is logged as a warning, provided it holds
+// nothing but the store's own entries; a directory holding anything else
+// may be shared and is refused instead of changed.
 func Open(root string, opts Options) (*Store, error) {
 	if root == "" {
 		return nil, fmt.Errorf("open store: empty root: %w", ErrInvalid)
@@ -65,16 +71,6 @@ func Open(root string, opts Options) (*Store, error) {
 	abs, err := filepath.Abs(root)
 	if err != nil {
 		return nil, fmt.Errorf("open store %s: %w", root, err)
-	}
-	fi, err := os.Stat(abs)
-	if err != nil {
-		return nil, fmt.Errorf("open store %s: %w (create it with install -d -m 0700 %s): %w", abs, err, abs, ErrInvalid)
-	}
-	if !fi.IsDir() {
-		return nil, fmt.Errorf("open store %s: not a directory: %w", abs, ErrInvalid)
-	}
-	if err := unix.Access(abs, unix.W_OK|unix.X_OK); err != nil {
-		return nil, fmt.Errorf("open store %s: not writable: %w", abs, ErrInvalid)
 	}
 	if opts.OvercommitRatio == 0 {
 		opts.OvercommitRatio = 1
@@ -93,10 +89,91 @@ func Open(root string, opts Options) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if _, err := openPrivate(abs, log); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(filepath.Join(abs, lockDir), 0o700); err != nil {
 		return nil, fmt.Errorf("open store %s: %w", abs, err)
 	}
 	return &Store{root: abs, opts: opts, log: log, run: execRunner{}}, nil
+}
+
+// openPrivate checks the store directory dir, makes it private as Open
+// says, and returns the names in it. Refusals change nothing. The
+// directory is opened without following a final symbolic link, and what
+// is checked and changed is that open directory, so it cannot be swapped
+// between the check and the chmod.
+func openPrivate(dir string, log *slog.Logger) ([]string, error) {
+	f, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		// With O_DIRECTORY a symbolic link fails as ENOTDIR, not ELOOP.
+		if target, lerr := os.Readlink(dir); lerr == nil {
+			return nil, fmt.Errorf("open store %s: a symbolic link (to %q); give the directory itself: %w", dir, target, ErrInvalid)
+		}
+	}
+	switch {
+	case errors.Is(err, unix.ENOTDIR):
+		return nil, fmt.Errorf("open store %s: not a directory: %w", dir, ErrInvalid)
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("open store %s: %w (create it with install -d -m 0700 %s): %w", dir, err, dir, ErrInvalid)
+	case err != nil:
+		return nil, fmt.Errorf("open store %s: %w: %w", dir, err, ErrInvalid)
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return nil, fmt.Errorf("open store %s: %w", dir, err)
+	}
+	if st.Uid != 0 && int(st.Uid) != os.Geteuid() {
+		return nil, fmt.Errorf("open store %s: owned by uid %d, not by root or uid %d: its owner could replace volume files: %w",
+			dir, st.Uid, os.Geteuid(), ErrInvalid)
+	}
+	if err := unix.Access(dir, unix.W_OK|unix.X_OK); err != nil {
+		return nil, fmt.Errorf("open store %s: not writable: %w", dir, ErrInvalid)
+	}
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return nil, fmt.Errorf("open store %s: %w", dir, err)
+	}
+	mode := st.Mode & 0o7777
+	if mode&0o077 == 0 {
+		return names, nil
+	}
+	for _, name := range names {
+		if !storeEntry(name) {
+			return nil, fmt.Errorf("open store %s: mode %04o lets other users in, and %q in it is not the store's, so it may be a shared directory: not changing it (chmod go= it, or give a directory of its own): %w",
+				dir, mode, name, ErrInvalid)
+		}
+	}
+	private := mode &^ 0o077
+	if err := unix.Fchmod(int(f.Fd()), private); err != nil {
+		return nil, fmt.Errorf("open store %s: make it private: %w", dir, err)
+	}
+	log.Warn("store directory was open to other users; made it private", "store", dir, "mode", fmt.Sprintf("%04o", mode), "now", fmt.Sprintf("%04o", private))
+	return names, nil
+}
+
+// storeEntry reports whether name is one the store itself makes: a
+// volume's file or metadata, the lock directory, a temporary file of ours,
+// or the lost+found of a filesystem made for the store.
+func storeEntry(name string) bool {
+	_, temp := staleTempUUID(name)
+	return temp || name == lockDir || name == "lost+found" || strings.HasPrefix(name, ".doctor-") ||
+		ValidUUID(name) || ValidUUID(strings.TrimSuffix(name, metaExt))
+}
+
+// staleTempUUID parses the name fsutil.WriteFileAtomic gives the
+// temporary file of <uuid>.json: .tmp-<uuid>.json-<digits>.
+func staleTempUUID(name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, ".tmp-")
+	if !ok {
+		return "", false
+	}
+	uuid, suffix, ok := strings.Cut(rest, metaExt+"-")
+	if !ok || !ValidUUID(uuid) || suffix == "" || strings.Trim(suffix, "0123456789") != "" {
+		return "", false
+	}
+	return uuid, true
 }
 
 // Root returns the absolute store directory.
