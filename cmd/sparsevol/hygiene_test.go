@@ -64,8 +64,10 @@ func processGone(pid int, d time.Duration) bool {
 }
 
 // TestOpenTidiesStore: every command opens the store, and opening makes a
-// lax store private, saying so on stderr.
+// lax store private (saying so on stderr) and removes the temporary
+// metadata that killed writers left.
 func TestOpenTidiesStore(t *testing.T) {
+	const stale = ".tmp-5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9.json-2630577581"
 	tests := []struct {
 		name  string
 		setup func(t *testing.T, root string)
@@ -79,6 +81,13 @@ func TestOpenTidiesStore(t *testing.T) {
 			}
 			if !strings.Contains(r.stderr, "made it private") || !strings.Contains(r.stderr, "0777") {
 				t.Errorf("stderr does not say the store was made private: %q", r.stderr)
+			}
+		}},
+		{"stale temporary metadata", func(t *testing.T, root string) {
+			os.WriteFile(filepath.Join(root, stale), []byte("{"), 0o600)
+		}, func(t *testing.T, root string, r result) {
+			if _, err := os.Lstat(filepath.Join(root, stale)); err == nil {
+				t.Errorf("%s left in the store", stale)
 			}
 		}},
 	}

@@ -110,3 +110,62 @@ func TestOpenMakesStorePrivate(t *testing.T) {
 		})
 	}
 }
+
+func TestOpenRemovesStaleTemps(t *testing.T) {
+	testutil.RequireRoot(t)
+	const uuid = "9d2b7a64-0c1e-4f8a-b3d5-6e7f8a9b0c1d"
+	stale := ".tmp-" + uuid + metaExt + "-4107342391"
+	// Names that are no temporary metadata of the store's stay.
+	others := []string{".tmp-sparsevol@" + uuid + ".service-1", ".tmp-" + uuid + metaExt + "-12x", ".tmp-notauuid.json-1", uuid + metaExt}
+	tests := []struct {
+		name string
+		held string // lock held by a live writer while the store is opened, "" none
+	}{
+		{"writer dead", ""},
+		{"volume lock held", uuid},
+		{"store lock held", storeLock},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := storeDir(t, 0o700)
+			writer, err := Open(dir, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, name := range append([]string{stale}, others...) {
+				if err := os.WriteFile(filepath.Join(dir, name), []byte("{}\n"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			exists := func(name string) bool {
+				_, err := os.Lstat(filepath.Join(dir, name))
+				return err == nil
+			}
+			if tt.held != "" {
+				unlock, err := writer.lock(tt.held)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := Open(dir, Options{}); err != nil {
+					unlock()
+					t.Fatal(err)
+				}
+				unlock()
+				if !exists(stale) {
+					t.Fatalf("%s removed while its writer may run (%s held)", stale, tt.held)
+				}
+			}
+			if _, err := Open(dir, Options{}); err != nil {
+				t.Fatal(err)
+			}
+			if exists(stale) {
+				t.Errorf("%s left after Open with no writer", stale)
+			}
+			for _, name := range others {
+				if !exists(name) {
+					t.Errorf("%s removed: not a temporary metadata file", name)
+				}
+			}
+		})
+	}
+}

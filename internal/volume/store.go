@@ -63,7 +63,8 @@ type Store struct {
 // A store that lets group or world in is made private (group and world
 // access removed) and the change is logged as a warning, provided it holds
 // nothing but the store's own entries; a directory holding anything else
-// may be shared and is refused instead of changed.
+// may be shared and is refused instead of changed. Temporary metadata files
+// that killed writers left behind are removed (see removeStaleTemps).
 func Open(root string, opts Options) (*Store, error) {
 	if root == "" {
 		return nil, fmt.Errorf("open store: empty root: %w", ErrInvalid)
@@ -89,13 +90,16 @@ func Open(root string, opts Options) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if _, err := openPrivate(abs, log); err != nil {
+	names, err := openPrivate(abs, log)
+	if err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(filepath.Join(abs, lockDir), 0o700); err != nil {
 		return nil, fmt.Errorf("open store %s: %w", abs, err)
 	}
-	return &Store{root: abs, opts: opts, log: log, run: execRunner{}}, nil
+	s := &Store{root: abs, opts: opts, log: log, run: execRunner{}}
+	s.removeStaleTemps(names)
+	return s, nil
 }
 
 // openPrivate checks the store directory dir, makes it private as Open
@@ -176,6 +180,50 @@ func staleTempUUID(name string) (string, bool) {
 	return uuid, true
 }
 
+// removeStaleTemps removes the temporary metadata files among names that a
+// writer killed between creating and renaming them left behind.
+//
+// It cannot race a live writer: every writeMeta caller holds the volume's
+// lock or the store lock, and a file is removed only while this holds
+// both, taken without waiting. A file seen before the locks were taken
+// either belonged to a writer that has finished (it was renamed away, and
+// the remove finds nothing) or to one that died; while the locks are held
+// no writer of that volume can run. Busy locks leave the files to a later
+// Open. Failures only cost disk space and are logged.
+func (s *Store) removeStaleTemps(names []string) {
+	var stale []string
+	for _, name := range names {
+		if _, ok := staleTempUUID(name); ok {
+			stale = append(stale, name)
+		}
+	}
+	if len(stale) == 0 {
+		return
+	}
+	unlockStore, err := s.tryLock(storeLock)
+	if err != nil {
+		s.log.Info("stale temporary metadata kept for now", "store", s.root, "error", err)
+		return
+	}
+	defer unlockStore()
+	for _, name := range stale {
+		uuid, _ := staleTempUUID(name)
+		unlock, err := s.tryLock(uuid)
+		if err != nil {
+			s.log.Info("stale temporary metadata kept for now", "file", name, "error", err)
+			continue
+		}
+		err = os.Remove(filepath.Join(s.root, name))
+		unlock()
+		switch {
+		case err == nil:
+			s.log.Info("removed stale temporary metadata", "file", filepath.Join(s.root, name))
+		case !errors.Is(err, fs.ErrNotExist):
+			s.log.Warn("remove stale temporary metadata", "error", err)
+		}
+	}
+}
+
 // Root returns the absolute store directory.
 func (s *Store) Root() string { return s.root }
 
@@ -194,7 +242,13 @@ func (s *Store) backingPath(uuid string) string { return filepath.Join(s.root, u
 // lock takes an exclusive flock on <root>/.locks/<name>. The returned
 // function releases it. Locks are released by the kernel if the process
 // dies, which is what makes a killed CLI safe to rerun.
-func (s *Store) lock(name string) (func(), error) {
+func (s *Store) lock(name string) (func(), error) { return s.flock(name, unix.LOCK_EX) }
+
+// tryLock is lock without waiting: if another holds the lock it fails at
+// once, with an error that wraps unix.EWOULDBLOCK.
+func (s *Store) tryLock(name string) (func(), error) { return s.flock(name, unix.LOCK_EX|unix.LOCK_NB) }
+
+func (s *Store) flock(name string, how int) (func(), error) {
 	path := filepath.Join(s.root, lockDir, name)
 	// A plain fd, not an os.File: attach --all holds a thousand of these,
 	// and os.File would register each with the poller.
@@ -203,7 +257,7 @@ func (s *Store) lock(name string) (func(), error) {
 		return nil, fmt.Errorf("lock %s: %w", name, &os.PathError{Op: "open", Path: path, Err: err})
 	}
 	for {
-		err = unix.Flock(fd, unix.LOCK_EX)
+		err = unix.Flock(fd, how)
 		if !errors.Is(err, unix.EINTR) {
 			break
 		}
@@ -218,6 +272,8 @@ func (s *Store) lock(name string) (func(), error) {
 
 // writeMeta persists v atomically: temp file, fsync, rename, fsync dir.
 // A crash leaves either the old or the new metadata, never a torn file.
+// The caller holds v's lock or the store lock; removeStaleTemps relies on
+// it.
 func (s *Store) writeMeta(v *Volume) error {
 	data, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
