@@ -355,10 +355,12 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, driverName string) {
 		t.Errorf("registrar's /registration is %s on the host", hostDir)
 	}
 
-	// Kubelet's directory at the same path, with mounts propagating back.
-	kubeletHost, kubeletMount := mountOf(t, ds, plugin, "/var/lib/kubelet")
-	if kubeletHost != "/var/lib/kubelet" || kubeletMount.MountPropagation == nil || *kubeletMount.MountPropagation != corev1.MountPropagationBidirectional {
-		t.Error("the kubelet directory must be mounted at the same path with Bidirectional propagation")
+	// Kubelet's directory at the same path, with mounts propagating back;
+	// the plugin accepts node paths below it only.
+	kubeletDir := get(cli.CSIFlagKubeletDir)
+	kubeletHost, kubeletMount := mountOf(t, ds, plugin, kubeletDir)
+	if kubeletHost != "/var/lib/kubelet" || kubeletDir != kubeletHost || kubeletMount.MountPropagation == nil || *kubeletMount.MountPropagation != corev1.MountPropagationBidirectional {
+		t.Errorf("--%s %s: the kubelet directory must be mounted at the same path with Bidirectional propagation", cli.CSIFlagKubeletDir, kubeletDir)
 	}
 	if devHost, _ := mountOf(t, ds, plugin, "/dev"); devHost != "/dev" {
 		t.Error("the host's /dev must be mounted at /dev")

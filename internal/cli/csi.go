@@ -24,6 +24,8 @@ const (
 	CSIFlagMetrics    = "metrics-address"
 	CSIFlagMaxVolumes = "max-volumes"
 	CSIFlagLogLevel   = "log-level"
+	// Node RPCs act on paths below the kubelet directory only.
+	CSIFlagKubeletDir = "kubelet-dir"
 	// Native kubelet registration (internal/kubelet), instead of the
 	// node-driver-registrar sidecar.
 	CSIFlagKubeletRegistration = "kubelet-registration-path"
@@ -33,7 +35,7 @@ const (
 func newCSICommand(g *globals) *cobra.Command {
 	var (
 		endpoint, nodeID, driverName, metricsAddr, logLevel string
-		registration, kubeletEndpoint                       string
+		registration, kubeletEndpoint, kubeletDir           string
 		maxVolumes                                          int64
 	)
 	cmd := &cobra.Command{
@@ -79,6 +81,7 @@ next to csi-provisioner --node-deployment (see deploy/kubernetes).`,
 				Store:      store,
 				Logger:     log,
 				Metrics:    metrics,
+				KubeletDir: kubeletDir,
 			})
 			if err != nil {
 				return err
@@ -140,6 +143,8 @@ next to csi-provisioner --node-deployment (see deploy/kubernetes).`,
 	f.StringVar(&metricsAddr, CSIFlagMetrics, "", "serve Prometheus metrics on this address (e.g. :9808); empty: off")
 	f.Int64Var(&maxVolumes, CSIFlagMaxVolumes, 0, "volumes this node may hold, reported to the scheduler; 0: no limit")
 	f.StringVar(&logLevel, CSIFlagLogLevel, "info", "log level: debug, info, warn, error")
+	f.StringVar(&kubeletDir, CSIFlagKubeletDir, csi.DefaultKubeletDir,
+		"kubelet's root directory (absolute, no symbolic links): staging, target and volume paths outside it are refused")
 	f.StringVar(&registration, CSIFlagKubeletRegistration, "",
 		"register with kubelet directly (no node-driver-registrar): serve kubelet's plugin-registration API on this socket,\n"+
 			"or on <driver-name>-reg.sock in this directory (kubelet's is "+kubelet.DefaultRegistrationDir+"/); empty: off")

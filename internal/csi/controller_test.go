@@ -328,7 +328,7 @@ func TestControllerRules(t *testing.T) {
 	t.Run("staged volume", func(t *testing.T) {
 		vol := e.createVolume(t, "staged", 8*mib, mountRW, nil)
 		id := vol.GetVolumeId()
-		staging := filepath.Join(e.dir, "staged-staging")
+		staging := filepath.Join(e.kubelet, "staged-staging")
 		_, err := e.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: block})
 		wantCode(t, err, codes.InvalidArgument) // a filesystem volume is not a block device
 		if _, err := e.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: mountRW}); err != nil {
@@ -338,7 +338,7 @@ func TestControllerRules(t *testing.T) {
 		wantCode(t, err, codes.FailedPrecondition)
 
 		single := capOf(volume.ModeFilesystem, "ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER)
-		ro := published{id: id, staging: staging, target: filepath.Join(e.dir, "ro-target"), c: single}
+		ro := published{id: id, staging: staging, target: filepath.Join(e.kubelet, "ro-target"), c: single}
 		if _, err := e.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging,
 			TargetPath: ro.target, VolumeCapability: single, Readonly: true}); err != nil {
 			t.Fatal(err)
@@ -347,16 +347,12 @@ func TestControllerRules(t *testing.T) {
 			t.Errorf("write into a read-only publication: %v, want EROFS", err)
 		}
 		_, err = e.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging,
-			TargetPath: filepath.Join(e.dir, "second-target"), VolumeCapability: single})
+			TargetPath: filepath.Join(e.kubelet, "second-target"), VolumeCapability: single})
 		wantCode(t, err, codes.FailedPrecondition)
 
 		_, err = e.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
 		wantCode(t, err, codes.FailedPrecondition) // still published
-		e.teardown(t, ro)
-		if _, err := os.Stat(ro.target); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("target path left behind: %v", err)
-		}
-		for range 2 { // idempotent
+		for range 2 {                              // idempotent
 			if _, err := e.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: ro.target}); err != nil {
 				t.Error(err)
 			}
@@ -364,6 +360,17 @@ func TestControllerRules(t *testing.T) {
 				t.Error(err)
 			}
 		}
+		if _, err := os.Stat(ro.target); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("target path left behind: %v", err)
+		}
+		if _, err := e.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+			t.Fatal(err)
+		}
+		// A volume that is gone has nothing at any path: NotFound.
+		_, err = e.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: ro.target})
+		wantCode(t, err, codes.NotFound)
+		_, err = e.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
+		wantCode(t, err, codes.NotFound)
 	})
 
 	t.Run("probe, info and metrics", func(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"sync"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -59,6 +60,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics, if not nil, records calls and exposes volume gauges.
 	Metrics *Metrics
+	// KubeletDir is the kubelet's root directory (DefaultKubeletDir when
+	// empty): node RPCs act on paths below it only. It must be absolute,
+	// clean and free of symbolic links.
+	KubeletDir string
 	// Mounter mounts (the node never formats: only CreateVolume does,
 	// through the store); nil uses the host's mount(8) without systemd
 	// scopes.
@@ -79,6 +84,7 @@ type Driver struct {
 	log        *slog.Logger
 	metrics    *Metrics
 	mounter    *mount.SafeFormatAndMount
+	kubeletDir string
 	resizer    *mount.ResizeFs
 
 	busy inflight
@@ -101,6 +107,15 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.Version == "" {
 		cfg.Version = "devel"
 	}
+	if cfg.KubeletDir == "" {
+		cfg.KubeletDir = DefaultKubeletDir
+	}
+	if !filepath.IsAbs(cfg.KubeletDir) || filepath.Clean(cfg.KubeletDir) != cfg.KubeletDir {
+		return nil, fmt.Errorf("csi driver: kubelet directory %q is not an absolute, clean path: %w", cfg.KubeletDir, volume.ErrInvalid)
+	}
+	if err := noSymlinks(cfg.KubeletDir); err != nil {
+		return nil, fmt.Errorf("csi driver: kubelet directory: %w", err)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -116,6 +131,7 @@ func New(cfg Config) (*Driver, error) {
 		log:        cfg.Logger,
 		metrics:    cfg.Metrics,
 		mounter:    cfg.Mounter,
+		kubeletDir: cfg.KubeletDir,
 		resizer:    mount.NewResizeFs(cfg.Mounter.Exec),
 		busy:       inflight{keys: map[string]struct{}{}},
 	}, nil

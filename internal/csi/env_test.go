@@ -25,6 +25,7 @@ import (
 // testEnv is one plugin serving a store of its own on a real unix socket.
 type testEnv struct {
 	dir     string // everything of this env lives below
+	kubelet string // the plugin's kubelet directory: node paths go below
 	store   *volume.Store
 	drv     *Driver
 	socket  string
@@ -61,7 +62,10 @@ func newTestEnv(t testing.TB, opts ...envOptions) *testEnv {
 		o = opts[0]
 	}
 	dir := t.TempDir()
-	e := &testEnv{dir: dir, created: map[string]bool{}}
+	e := &testEnv{dir: dir, kubelet: filepath.Join(dir, "kubelet"), created: map[string]bool{}}
+	if err := os.Mkdir(e.kubelet, 0o750); err != nil {
+		t.Fatal(err)
+	}
 	root := filepath.Join(dir, "store")
 	if err := os.Mkdir(root, 0o700); err != nil {
 		t.Fatal(err)
@@ -89,7 +93,7 @@ func newTestEnv(t testing.TB, opts ...envOptions) *testEnv {
 	}
 	e.store = store
 	e.metrics = NewMetrics(store)
-	drv, err := New(Config{NodeID: testNodeID, Store: store, Logger: log, Metrics: e.metrics, MaxVolumes: 100})
+	drv, err := New(Config{NodeID: testNodeID, Store: store, Logger: log, Metrics: e.metrics, MaxVolumes: 100, KubeletDir: e.kubelet})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -59,7 +59,7 @@ func (e *testEnv) createVolume(t testing.TB, name string, size int64, c *csi.Vol
 
 func (e *testEnv) stageAndPublish(t testing.TB, id string, c *csi.VolumeCapability) published {
 	t.Helper()
-	p := published{id: id, c: c, staging: filepath.Join(e.dir, "staging-"+id), target: filepath.Join(e.dir, "pods", id, "target")}
+	p := published{id: id, c: c, staging: filepath.Join(e.kubelet, "staging-"+id), target: filepath.Join(e.kubelet, "pods", id, "target")}
 	if err := os.MkdirAll(p.staging, 0o750); err != nil {
 		t.Fatal(err)
 	}
@@ -504,7 +504,7 @@ func TestConcurrentCreateAndStage(t *testing.T) {
 		if t.Failed() {
 			return
 		}
-		staging := func(i int) string { return filepath.Join(e.dir, fmt.Sprintf("staging-%02d", i)) }
+		staging := func(i int) string { return filepath.Join(e.kubelet, fmt.Sprintf("staging-%02d", i)) }
 		parallel(n, func(i int) error {
 			_, err := e.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: ids[i], StagingTargetPath: staging(i), VolumeCapability: c})
 			if err != nil {
@@ -561,7 +561,7 @@ func TestConcurrentCreateAndStage(t *testing.T) {
 		}
 		t.Logf("CreateVolume x%d on one name: %d succeeded, %d aborted (in flight)", n, ok, aborted)
 
-		staging := filepath.Join(e.dir, "staging")
+		staging := filepath.Join(e.kubelet, "staging")
 		sreq := &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: c}
 		errs = parallel(n, func(i int) error {
 			_, err := e.node.NodeStageVolume(ctx, sreq)

@@ -12,15 +12,29 @@ import (
 // mountInfoPath is this mount namespace's mount table.
 const mountInfoPath = "/proc/self/mountinfo"
 
+// devNum is a device number split as mountinfo shows it.
+type devNum struct{ major, minor int }
+
+func devNumOf(rdev uint64) devNum { return devNum{int(unix.Major(rdev)), int(unix.Minor(rdev))} }
+
+func (n devNum) of(m mount.MountInfo) bool { return m.Major == n.major && m.Minor == n.minor }
+
 // usesOf lists where the block device dev is in use through mounts: as a
 // filesystem (its major:minor) and as a device node bind-mounted onto a
 // file (the way block volumes are published). Paths are as mountinfo
-// shows them.
+// shows them. It is also the proof that a mount is the volume's: owns.
 type usesOf struct {
 	fsMounts []string // mounts of the filesystem on dev
 	nodeBind []string // bind mounts of the device node itself
+
+	known    bool   // dev was given: the identities below are set
+	fs       devNum // the device itself (its filesystem's mounts show it)
+	nodeDev  devNum // the filesystem holding the device node (devtmpfs)
+	nodeRoot string // the node's path inside that filesystem; "" if unknown
 }
 
+// deviceUses reads the mount table for the uses of dev. An empty dev (no
+// device) has no uses and owns nothing.
 func deviceUses(dev string) (usesOf, error) {
 	var u usesOf
 	if dev == "" {
@@ -34,29 +48,38 @@ func deviceUses(dev string) (usesOf, error) {
 	if err != nil {
 		return u, fmt.Errorf("read %s: %w", mountInfoPath, err)
 	}
-	rdevMajor, rdevMinor := int(unix.Major(node.Rdev)), int(unix.Minor(node.Rdev))
-	devMajor, devMinor := int(unix.Major(node.Dev)), int(unix.Minor(node.Dev))
+	u.known, u.fs, u.nodeDev = true, devNumOf(node.Rdev), devNumOf(node.Dev)
 	// The device node's path inside the filesystem that holds it (devtmpfs):
 	// a bind mount of the node shows that path as its root.
-	nodeRoot := ""
 	best := -1
 	for _, m := range infos {
-		if m.Major == devMajor && m.Minor == devMinor && (dev == m.MountPoint || strings.HasPrefix(dev, strings.TrimSuffix(m.MountPoint, "/")+"/")) &&
+		if u.nodeDev.of(m) && (dev == m.MountPoint || strings.HasPrefix(dev, strings.TrimSuffix(m.MountPoint, "/")+"/")) &&
 			len(m.MountPoint) > best {
 			best = len(m.MountPoint)
 			rel := strings.TrimPrefix(dev, m.MountPoint)
-			nodeRoot = filepath.Join(m.Root, rel)
+			u.nodeRoot = filepath.Join(m.Root, rel)
 		}
 	}
 	for _, m := range infos {
 		switch {
-		case m.Major == rdevMajor && m.Minor == rdevMinor:
+		case u.fs.of(m):
 			u.fsMounts = append(u.fsMounts, m.MountPoint)
-		case nodeRoot != "" && m.Major == devMajor && m.Minor == devMinor && m.Root == nodeRoot && m.MountPoint != dev:
+		case u.isNodeBind(m) && m.MountPoint != dev:
 			u.nodeBind = append(u.nodeBind, m.MountPoint)
 		}
 	}
 	return u, nil
+}
+
+func (u usesOf) isNodeBind(m mount.MountInfo) bool {
+	return u.nodeRoot != "" && u.nodeDev.of(m) && m.Root == u.nodeRoot
+}
+
+// owns reports whether mount m is a use of the device: its filesystem
+// (mounted or bound anywhere) or a bind of its device node. This is the
+// proof required before anything at a node path is unmounted or removed.
+func (u usesOf) owns(m mount.MountInfo) bool {
+	return u.known && (u.fs.of(m) || u.isNodeBind(m))
 }
 
 // all returns every use.
@@ -83,17 +106,62 @@ func containsPath(list []string, p string) bool {
 	return false
 }
 
-// isMountPoint reports whether path is a mount point, by mountinfo.
-func isMountPoint(path string) (bool, error) {
+// topMount returns the mount visible at path (the last of those stacked
+// there), and false if path is no mount point. path must be clean and free
+// of symlinks (checkNodePath), so it is spelled as mountinfo spells it.
+func topMount(path string) (mount.MountInfo, bool, error) {
 	infos, err := mount.ParseMountInfo(mountInfoPath)
 	if err != nil {
-		return false, fmt.Errorf("read %s: %w", mountInfoPath, err)
+		return mount.MountInfo{}, false, fmt.Errorf("read %s: %w", mountInfoPath, err)
 	}
-	c := canonical(path)
+	var at []mount.MountInfo
 	for _, m := range infos {
-		if m.MountPoint == c {
-			return true, nil
+		if m.MountPoint == path {
+			at = append(at, m)
 		}
 	}
-	return false, nil
+	for _, m := range at {
+		covered := false
+		for _, o := range at {
+			if o.ParentID == m.ID && o.ID != m.ID {
+				covered = true
+				break
+			}
+		}
+		if !covered {
+			return m, true, nil
+		}
+	}
+	return mount.MountInfo{}, false, nil
+}
+
+// isMountPoint reports whether path is a mount point, by mountinfo.
+func isMountPoint(path string) (bool, error) {
+	_, ok, err := topMount(canonical(path))
+	return ok, err
+}
+
+// describeMount names a mount for messages: what it is and from where.
+func describeMount(m mount.MountInfo) string {
+	return fmt.Sprintf("%s %s (device %d:%d, root %s)", m.FsType, m.Source, m.Major, m.Minor, m.Root)
+}
+
+// unmountOwned unmounts the mounts stacked at path from the top for as
+// long as each is the volume's (uses.owns), and leaves alone the first one
+// that is not, returning it as foreign. unmounted counts what it took away.
+func (d *Driver) unmountOwned(path string, uses usesOf) (unmounted int, foreign *mount.MountInfo, err error) {
+	for range 8 {
+		top, ok, err := topMount(path)
+		if err != nil || !ok {
+			return unmounted, nil, err
+		}
+		if !uses.owns(top) {
+			return unmounted, &top, nil
+		}
+		if err := d.mounter.Unmount(path); err != nil {
+			return unmounted, nil, fmt.Errorf("unmount %s: %w", path, err)
+		}
+		unmounted++
+	}
+	return unmounted, nil, fmt.Errorf("unmount %s: still mounted after 8 unmounts", path)
 }

@@ -68,8 +68,8 @@ func TestSanity(t *testing.T) {
 		envs[i] = newTestEnv(t)
 		cfg := sanity.NewTestConfig()
 		cfg.Address = "unix://" + envs[i].socket
-		cfg.TargetPath = filepath.Join(envs[i].dir, "target")
-		cfg.StagingPath = filepath.Join(envs[i].dir, "staging")
+		cfg.TargetPath = filepath.Join(envs[i].kubelet, "target")
+		cfg.StagingPath = filepath.Join(envs[i].kubelet, "staging")
 		cfg.TestVolumeAccessType = c.accessType
 		cfg.TestVolumeParameters = c.params
 		// Large enough for XFS (300 MiB minimum); sparse, so cheap.

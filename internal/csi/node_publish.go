@@ -1,0 +1,179 @@
+package csi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sparsevol/sparsevol/internal/volume"
+)
+
+// NodePublishVolume bind-mounts the staged filesystem (or the device node
+// of a block volume) at the target path. If a reboot or anything else took
+// the device or the staging mount away, it stages the volume again first:
+// after a reboot the kubelet may publish without staging.
+func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	target, staging, c := req.GetTargetPath(), req.GetStagingTargetPath(), req.GetVolumeCapability()
+	v, release, err := d.begin(nodeRequest{
+		id: req.GetVolumeId(), capability: c, needCapability: true,
+		paths: []nodePath{
+			{field: "target_path", path: target, required: true},
+			{field: "staging_target_path (the plugin stages volumes)", path: staging, required: true},
+		},
+	})
+	defer release()
+	if err != nil {
+		return nil, err
+	}
+	id := v.UUID
+	st, err := d.ensureStaged(ctx, v, c, staging)
+	if err != nil {
+		return nil, err
+	}
+	uses, err := deviceUses(st.DataDevice)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "volume %s: %v", id, err)
+	}
+	published := uses.nodeBind
+	if v.Mode == volume.ModeFilesystem {
+		published = slices.DeleteFunc(slices.Clone(uses.fsMounts), func(p string) bool { return samePath(p, staging) })
+	}
+	if containsPath(published, target) {
+		return &csi.NodePublishVolumeResponse{}, nil
+	}
+	if c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER && len(published) > 0 {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is single-writer and already published at %v", id, published)
+	}
+	if mp, err := isMountPoint(target); err != nil {
+		return nil, status.Errorf(codes.Internal, "volume %s: %v", id, err)
+	} else if mp {
+		return nil, status.Errorf(codes.AlreadyExists, "target path %s holds a mount of something else than volume %s", target, id)
+	}
+	opts := []string{"bind"}
+	if req.GetReadonly() {
+		opts = append(opts, "ro")
+	}
+	source := staging
+	if v.Mode == volume.ModeBlock {
+		source = st.DataDevice
+		if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
+			return nil, status.Errorf(codes.Internal, "volume %s: %v", id, err)
+		}
+		f, err := os.OpenFile(target, os.O_CREATE|os.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "volume %s: create target file: %v", id, err)
+		}
+		f.Close()
+	} else if err := os.MkdirAll(target, 0o750); err != nil {
+		return nil, status.Errorf(codes.Internal, "volume %s: create target path: %v", id, err)
+	}
+	if err := d.mounter.Mount(source, target, "", opts); err != nil {
+		return nil, status.Errorf(codes.Internal, "volume %s: bind %s at %s: %v", id, source, target, err)
+	}
+	d.log.Info("volume published", "volume_id", id, "name", v.Name, "target_path", target, "readonly", req.GetReadonly())
+	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+// ensureStaged returns the volume's status, re-staging it first when its
+// device or staging mount is missing.
+func (d *Driver) ensureStaged(ctx context.Context, v *volume.Volume, c *csi.VolumeCapability, staging string) (*volume.Status, error) {
+	st, err := d.store.Status(v.UUID)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	healthy := st.Attached && st.DataDevice != ""
+	if healthy && v.Mode == volume.ModeFilesystem {
+		uses, err := deviceUses(st.DataDevice)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "volume %s: %v", v.UUID, err)
+		}
+		healthy = containsPath(uses.fsMounts, staging)
+	}
+	if healthy {
+		return st, nil
+	}
+	d.log.Warn("volume not staged at publish (reboot or manual detach?); staging it again",
+		"volume_id", v.UUID, "name", v.Name, "attached", st.Attached, "staging_target_path", staging)
+	d.metrics.restaged()
+	return d.stage(ctx, v, c, staging)
+}
+
+// NodeUnpublishVolume unmounts the volume from the target path and removes
+// the path. Only mounts proven the volume's are unmounted, and the path is
+// removed only where one was: a foreign mount stays, and is an error only
+// while the volume is still mounted beneath it.
+func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	target := req.GetTargetPath()
+	v, release, err := d.begin(nodeRequest{
+		id:    req.GetVolumeId(),
+		paths: []nodePath{{field: "target_path", path: target, required: true}},
+	})
+	defer release()
+	if err != nil {
+		return nil, err
+	}
+	st, err := d.store.Status(v.UUID)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if !st.Attached {
+		// No device, so nothing at the target path can be the volume's.
+		return &csi.NodeUnpublishVolumeResponse{}, nil
+	}
+	uses, err := deviceUses(st.DataDevice)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "volume %s: %v", v.UUID, err)
+	}
+	unmounted, foreign, err := d.unmountOwned(target, uses)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "volume %s: %v", v.UUID, err)
+	}
+	if foreign != nil {
+		if uses, err = deviceUses(st.DataDevice); err != nil {
+			return nil, status.Errorf(codes.Internal, "volume %s: %v", v.UUID, err)
+		}
+		if containsPath(uses.all(), target) {
+			return nil, status.Errorf(codes.FailedPrecondition, "volume %s: target path %s holds %s on top of the volume, which is not the volume's; left mounted",
+				v.UUID, target, describeMount(*foreign))
+		}
+		return &csi.NodeUnpublishVolumeResponse{}, nil
+	}
+	if unmounted > 0 {
+		if err := removeTarget(target); err != nil {
+			return nil, status.Errorf(codes.Internal, "volume %s: %v", v.UUID, err)
+		}
+	}
+	d.log.Info("volume unpublished", "volume_id", v.UUID, "target_path", target)
+	return &csi.NodeUnpublishVolumeResponse{}, nil
+}
+
+// removeTarget removes what a volume was bound onto at target, as publish
+// made it: an empty directory or an empty file. Anything else stays.
+func removeTarget(target string) error {
+	fi, err := os.Lstat(target)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("remove target path: %w", err)
+	case fi.IsDir():
+		err = unix.Rmdir(target) // only if empty
+	case fi.Mode().IsRegular() && fi.Size() == 0:
+		err = unix.Unlink(target)
+	default:
+		return nil
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove target path %s: %w", target, err)
+	}
+	return nil
+}
