@@ -80,7 +80,17 @@ func (g *globals) storeOptions() volume.Options {
 		UdevTimeout:     g.udevWait,
 		AttachedDir:     g.attachedDir(),
 		Logger:          g.logger(),
+		Lifecycle:       g.lifecycle(),
 	}
+}
+
+// lifecycle is the service manager of the store's volumes: the units
+// where systemd runs, else none.
+func (g *globals) lifecycle() volume.Lifecycle {
+	if !systemd.Running() {
+		return nil
+	}
+	return g.units()
 }
 
 // attachedDir is where attach marks what it brought up: only where the

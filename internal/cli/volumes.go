@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -64,19 +63,9 @@ elsewhere the volume is attached directly. Prints the UUID.`,
 			if err != nil {
 				return err
 			}
-			// Enable the unit before the volume is marked ready: a crash
-			// after "ready" must not leave a volume that will not come back
-			// at boot. (Until ready, the unit's attach refuses it.)
-			req.BeforeReady = func(v *volume.Volume) error {
-				return g.activate(cmd.Context(), s, v, false)
-			}
 			v, err := s.Create(cmd.Context(), req)
 			if err != nil {
 				return err
-			}
-			// The unit is enabled already (BeforeReady); only start it.
-			if err := g.start(cmd.Context(), s, v, !noStart); err != nil {
-				return fmt.Errorf("volume %s (%s) was created, but: %w", v.Name, v.UUID, err)
 			}
 			fmt.Fprintln(g.stdout, v.UUID)
 			return nil
@@ -93,36 +82,6 @@ elsewhere the volume is attached directly. Prints the UUID.`,
 	f.BoolVar(&noStart, "no-start", false, "enable the unit but do not attach now")
 	f.BoolVar(&directIO, "direct-io", true, "direct I/O from the loop device to the backing file (falls back to buffered where refused)")
 	return cmd
-}
-
-// start starts the enabled unit of a volume (or, without systemd, attaches
-// it directly) if start is set.
-func (g *globals) start(ctx context.Context, s *volume.Store, v *volume.Volume, start bool) error {
-	switch {
-	case !start:
-		return nil
-	case systemd.Running():
-		return g.units().Start(ctx, v.UUID)
-	}
-	_, err := s.Attach(ctx, v.UUID)
-	return err
-}
-
-// activate hands a ready volume to systemd (enable, and start if start)
-// or, without systemd, attaches it directly.
-func (g *globals) activate(ctx context.Context, s *volume.Store, v *volume.Volume, start bool) error {
-	if systemd.Running() {
-		mounts := []string{s.Root()}
-		if dir := filepath.Dir(v.BackingFile); dir != s.Root() {
-			mounts = append(mounts, dir)
-		}
-		return g.units().Enable(ctx, v.UUID, s.Root(), mounts, start)
-	}
-	if !start {
-		return nil
-	}
-	_, err := s.Attach(ctx, v.UUID)
-	return err
 }
 
 func newAttachCommand(g *globals) *cobra.Command {
@@ -177,36 +136,14 @@ func (g *globals) printAttached(sts []*volume.Status, err error) error {
 	return errors.Join(err, w.Flush())
 }
 
-// attachBoot is BootUnit's ExecStart: the volumes of the enabled instances,
-// store by store, each store in one pass. It marks the boot done even when
-// some volumes failed: their units fail their assertion, and later starts
-// must run the units' own ExecStart.
+// attachBoot is BootUnit's ExecStart: the volumes of the enabled units,
+// whatever their store. It marks the boot done even when some volumes
+// failed: their units fail their assertion, and later starts must run the
+// units' own ExecStart.
 func (g *globals) attachBoot(ctx context.Context) error {
 	units := g.units()
-	insts, err := units.EnabledInstances()
-	if err != nil {
-		return err
-	}
-	byRoot := map[string][]string{}
-	var roots []string
-	for _, in := range insts {
-		if byRoot[in.Root] == nil {
-			roots = append(roots, in.Root)
-		}
-		byRoot[in.Root] = append(byRoot[in.Root], in.UUID)
-	}
-	g.logger().Info("attaching the volumes of the enabled units", "units", len(insts), "stores", len(roots))
-	var errs []error
-	for _, root := range roots {
-		s, err := volume.Open(root, g.storeOptions())
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		errs = append(errs, g.printAttached(s.AttachMany(ctx, byRoot[root])))
-	}
-	errs = append(errs, units.MarkBootDone())
-	return errors.Join(errs...)
+	err := g.printAttached(volume.AttachEnabled(ctx, units, g.storeOptions()))
+	return errors.Join(err, units.MarkBootDone())
 }
 
 func newDetachCommand(g *globals) *cobra.Command {
@@ -245,40 +182,9 @@ func newDeleteCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return eachVolume(s, args, func(ref string) error { return g.deleteOne(cmd.Context(), s, ref) })
+			return eachVolume(s, args, func(ref string) error { return s.Delete(cmd.Context(), ref) })
 		},
 	}
-}
-
-func (g *globals) deleteOne(ctx context.Context, s *volume.Store, ref string) error {
-	v, err := s.Get(ref)
-	if err != nil {
-		return err
-	}
-	if v.State == volume.StateBroken {
-		return s.Delete(ctx, v.UUID) // no unit can work with it
-	}
-	// Refuse before stopping the unit: a mounted volume keeps everything.
-	if err := s.InUse(v.UUID); err != nil {
-		return err
-	}
-	if !systemd.Running() {
-		return s.Delete(ctx, v.UUID)
-	}
-	units := g.units()
-	wasEnabled := units.Enabled(v.UUID)
-	if err := units.Disable(ctx, v.UUID); err != nil {
-		return err
-	}
-	err = s.Delete(ctx, v.UUID)
-	if errors.Is(err, volume.ErrBusy) && wasEnabled {
-		// Someone mounted it between the check and the delete: the volume
-		// stays, so its unit must too.
-		if uerr := g.activate(ctx, s, v, true); uerr != nil {
-			err = errors.Join(err, fmt.Errorf("re-enable unit: %w", uerr))
-		}
-	}
-	return err
 }
 
 func newExpandCommand(g *globals) *cobra.Command {
@@ -334,14 +240,13 @@ DIR, and without PATHs every regular file of DIR is adopted.`,
 			if err != nil {
 				return err
 			}
-			var errs []error
 			for _, v := range vols {
-				if err := g.activate(cmd.Context(), s, v, !noStart); err != nil {
-					errs = append(errs, fmt.Errorf("volume %s adopted, but: %w", v.Name, err))
-				}
 				fmt.Fprintf(g.stdout, "%s\t%s\t%s\n", v.UUID, v.Name, v.BackingFile)
 			}
-			return errors.Join(errs...)
+			if err := s.Activate(cmd.Context(), vols, !noStart); err != nil {
+				return fmt.Errorf("adopted, but: %w", err)
+			}
+			return nil
 		},
 	}
 	cmd.Flags().StringVar(&dir, "dir", "", "directory the files must lie in (all its files if no PATH is given)")

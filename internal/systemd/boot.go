@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
 // Boot in one process.
@@ -129,6 +131,20 @@ func (m Manager) EnabledInstances() ([]Instance, error) {
 		out = append(out, inst)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].UUID < out[j].UUID })
+	return out, nil
+}
+
+// EnabledVolumes lists the volumes of the enabled instances and their
+// stores (volume.Lifecycle).
+func (m Manager) EnabledVolumes() ([]volume.EnabledVolume, error) {
+	insts, err := m.EnabledInstances()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]volume.EnabledVolume, len(insts))
+	for i, in := range insts {
+		out[i] = volume.EnabledVolume{UUID: in.UUID, Root: in.Root}
+	}
 	return out, nil
 }
 

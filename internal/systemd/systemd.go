@@ -15,6 +15,7 @@ import (
 
 	systemdunit "github.com/sparsevol/sparsevol/deploy/systemd"
 	"github.com/sparsevol/sparsevol/internal/fsutil"
+	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
 // DefaultUnitDir is where the template and drop-ins are written.
@@ -27,7 +28,7 @@ const TemplateName = "sparsevol@.service"
 // units name.
 const (
 	defaultBinary = "/usr/local/bin/sparsevol"
-	defaultRoot   = "/var/lib/sparsevol"
+	defaultRoot   = volume.DefaultRoot
 )
 
 // Running reports whether systemd is the init system of this machine
@@ -40,11 +41,14 @@ func Running() bool {
 // UnitName is the instance of the template for one volume.
 func UnitName(uuid string) string { return "sparsevol@" + uuid + ".service" }
 
-// Manager writes units under Dir and drives systemctl.
+// Manager writes units under Dir and drives systemctl. It is the volume
+// store's Lifecycle where systemd runs.
 type Manager struct {
 	Dir    string // unit directory; DefaultUnitDir if empty
 	RunDir string // boot-mode markers; DefaultRunDir if empty
 }
+
+var _ volume.Lifecycle = Manager{}
 
 func (m Manager) dir() string {
 	if m.Dir == "" {

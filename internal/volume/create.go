@@ -28,13 +28,10 @@ type CreateRequest struct {
 	Preallocate bool
 	DirectIO    *bool // nil: the store default
 	Labels      map[string]string
-	// KeepAttached leaves the loop device attached after create; otherwise
-	// create detaches it again and attaching is left to the unit or caller.
+	// KeepAttached leaves the loop device attached after create (and
+	// starts the unit, with a Lifecycle); otherwise create detaches it
+	// again and attaching is left to the unit or caller.
 	KeepAttached bool
-	// BeforeReady, if set, runs after formatting and before the volume is
-	// marked ready (the CLI enables the unit there), so that a crash after
-	// "ready" never leaves a volume that will not come back at boot.
-	BeforeReady func(v *Volume) error
 }
 
 // normalize fills defaults and validates, without touching anything.
@@ -245,10 +242,8 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) error {
 		}
 	}
 	crashPoint("create:formatted")
-	if req.BeforeReady != nil {
-		if err := req.BeforeReady(v); err != nil {
-			return err
-		}
+	if err := s.enableUnit(ctx, v); err != nil {
+		return err
 	}
 	v.State = StateReady
 	if err := s.writeMeta(v); err != nil {
@@ -257,7 +252,10 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) error {
 	crashPoint("create:ready")
 	s.log.Info("volume created", "volume", v.Name, "uuid", v.UUID, "size", v.SizeBytes, "mode", v.Mode, "fs", v.FSType)
 	if req.KeepAttached {
-		return s.finishAttach(ctx, v, dev)
+		if err := s.finishAttach(ctx, v, dev); err != nil {
+			return err
+		}
+		return s.startUnit(ctx, v)
 	}
 	return s.detachDevices(v, nil)
 }

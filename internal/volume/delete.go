@@ -13,16 +13,21 @@ import (
 // metadata, in that order, after marking it deleting. It refuses, changing
 // nothing, while the volume is mounted or open, naming who holds it. A crash
 // midway leaves a volume in state deleting that the next Delete finishes.
-// A broken volume (unreadable metadata) is deleted by deleteBroken.
+// A broken volume (unreadable metadata) is deleted by deleteBroken. With a
+// Lifecycle, the volume's unit is stopped and disabled first (see
+// withUnitDisabled).
 func (s *Store) Delete(ctx context.Context, ref string) error {
 	v, err := s.Get(ref)
 	if err != nil {
 		return err
 	}
 	if v.State == StateBroken {
-		return s.deleteBroken(v.UUID)
+		if err := s.deleteBroken(v.UUID); err != nil {
+			return err
+		}
+		return s.disableBroken(ctx, v.UUID)
 	}
-	return s.delete(ctx, v.UUID)
+	return s.withUnitDisabled(ctx, v, func() error { return s.delete(ctx, v.UUID) })
 }
 
 func (s *Store) delete(ctx context.Context, ref string) error {

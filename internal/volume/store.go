@@ -43,7 +43,11 @@ type Options struct {
 	AttachedDir string
 	// DirectIO is the default for new volumes.
 	DirectIO *bool
-	Logger   *slog.Logger
+	// Lifecycle, if set, is the service manager that brings the volumes
+	// back at boot (see Lifecycle); nil: none, volumes are attached
+	// directly.
+	Lifecycle Lifecycle
+	Logger    *slog.Logger
 }
 
 // Store is one root directory of volumes. It is safe for concurrent use by

@@ -1,0 +1,178 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+)
+
+// Lifecycle is the service manager that brings volumes back at boot: one
+// unit per volume, named by its UUID, whose start attaches the volume and
+// whose stop detaches it (systemd.Manager). A Store with one (Options)
+// enables a volume's unit before create marks it ready, stops and disables
+// it around delete, and enables adopted volumes; without one, volumes are
+// attached directly and boot is the init system's business.
+//
+// The Store never calls it while holding a volume's lock: starting or
+// stopping a unit runs attach or detach, which take that lock.
+type Lifecycle interface {
+	// Enable makes the volume's unit start at boot, for the store at root,
+	// after mountsFor are mounted; with start, it is started now too.
+	Enable(ctx context.Context, uuid, root string, mountsFor []string, start bool) error
+	// Start starts the enabled unit of the volume.
+	Start(ctx context.Context, uuid string) error
+	// Disable stops the unit (detaching the volume) and disables it. A
+	// unit that is not enabled is no error.
+	Disable(ctx context.Context, uuid string) error
+	// Enabled reports whether the volume's unit is enabled.
+	Enabled(uuid string) bool
+	// EnabledVolumes lists the volumes of the enabled units, of any store.
+	EnabledVolumes() ([]EnabledVolume, error)
+}
+
+// EnabledVolume is a volume whose unit is enabled, and its store.
+type EnabledVolume struct {
+	UUID string
+	Root string
+}
+
+// mountsFor lists what v's unit needs mounted: the store, and the
+// directory of a backing file that lies elsewhere (adopted in place).
+func (s *Store) mountsFor(v *Volume) []string {
+	mounts := []string{s.root}
+	if dir := filepath.Dir(v.BackingFile); dir != s.root {
+		mounts = append(mounts, dir)
+	}
+	return mounts
+}
+
+// enableUnit enables v's unit, without starting it, where there is a
+// service manager. Create calls it before it marks v ready, so that a
+// crash after "ready" never leaves a volume that does not come back at
+// boot (until ready, the unit's attach refuses the volume).
+func (s *Store) enableUnit(ctx context.Context, v *Volume) error {
+	if s.opts.Lifecycle == nil {
+		return nil
+	}
+	if err := s.opts.Lifecycle.Enable(ctx, v.UUID, s.root, s.mountsFor(v), false); err != nil {
+		return fmt.Errorf("volume %s: %w", v.Name, err)
+	}
+	return nil
+}
+
+// startUnit starts the enabled unit of v, which create attached already
+// (the unit's attach finds the device and only publishes it), so that
+// the unit is active and stops with the volume. v is ready: a failure
+// says so.
+func (s *Store) startUnit(ctx context.Context, v *Volume) error {
+	if s.opts.Lifecycle == nil {
+		return nil
+	}
+	if err := s.opts.Lifecycle.Start(ctx, v.UUID); err != nil {
+		return fmt.Errorf("volume %s (%s) was created, but: %w", v.Name, v.UUID, err)
+	}
+	return nil
+}
+
+// Activate hands volumes that are ready (adopted ones, say) to the service
+// manager: it enables each one's unit, and starts it if start (which
+// attaches the volume). Without a service manager it attaches each
+// directly if start. It goes on past failures and reports them all.
+// The caller holds no volume lock.
+func (s *Store) Activate(ctx context.Context, vols []*Volume, start bool) error {
+	var errs []error
+	for _, v := range vols {
+		errs = append(errs, s.activate(ctx, v, start))
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Store) activate(ctx context.Context, v *Volume, start bool) error {
+	if lc := s.opts.Lifecycle; lc != nil {
+		if err := lc.Enable(ctx, v.UUID, s.root, s.mountsFor(v), start); err != nil {
+			return fmt.Errorf("volume %s: %w", v.Name, err)
+		}
+		return nil
+	}
+	if !start {
+		return nil
+	}
+	_, err := s.Attach(ctx, v.UUID)
+	return err
+}
+
+// withUnitDisabled runs del (which deletes v) with v's unit stopped and
+// disabled, where there is a service manager. It refuses first, changing
+// nothing, while v is in use: a mounted volume keeps its unit. If del
+// finds v in use after all (mounted between the check and the delete),
+// the volume stays, and so must its unit: a unit that was enabled is
+// enabled and started again.
+func (s *Store) withUnitDisabled(ctx context.Context, v *Volume, del func() error) error {
+	lc := s.opts.Lifecycle
+	if lc == nil {
+		return del()
+	}
+	if err := s.InUse(v.UUID); err != nil {
+		return err
+	}
+	wasEnabled := lc.Enabled(v.UUID)
+	if err := lc.Disable(ctx, v.UUID); err != nil {
+		return fmt.Errorf("delete %s: %w", v.Name, err)
+	}
+	err := del()
+	if errors.Is(err, ErrBusy) && wasEnabled {
+		if uerr := lc.Enable(ctx, v.UUID, s.root, s.mountsFor(v), true); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("re-enable the unit of %s: %w", v.Name, uerr))
+		}
+	}
+	return err
+}
+
+// disableBroken disables the unit of a broken volume that was deleted (its
+// stop found nothing to detach: delete refuses a device on its file).
+func (s *Store) disableBroken(ctx context.Context, uuid string) error {
+	lc := s.opts.Lifecycle
+	if lc == nil || !lc.Enabled(uuid) {
+		return nil
+	}
+	if err := lc.Disable(ctx, uuid); err != nil {
+		return fmt.Errorf("volume %s deleted, but: %w", uuid, err)
+	}
+	return nil
+}
+
+// AttachEnabled attaches the volumes of lc's enabled units, store by store,
+// each store in one pass (AttachMany), with opts for every store. It goes
+// on past stores and volumes that fail and reports them all; the volumes
+// it attached are returned, store by store.
+func AttachEnabled(ctx context.Context, lc Lifecycle, opts Options) ([]*Status, error) {
+	enabled, err := lc.EnabledVolumes()
+	if err != nil {
+		return nil, err
+	}
+	byRoot := map[string][]string{}
+	var roots []string
+	for _, e := range enabled {
+		if byRoot[e.Root] == nil {
+			roots = append(roots, e.Root)
+		}
+		byRoot[e.Root] = append(byRoot[e.Root], e.UUID)
+	}
+	if opts.Logger != nil {
+		opts.Logger.Info("attaching the volumes of the enabled units", "units", len(enabled), "stores", len(roots))
+	}
+	var out []*Status
+	var errs []error
+	for _, root := range roots {
+		s, err := Open(root, opts)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		sts, err := s.AttachMany(ctx, byRoot[root])
+		out = append(out, sts...)
+		errs = append(errs, err)
+	}
+	return out, errors.Join(errs...)
+}
