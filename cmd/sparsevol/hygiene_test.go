@@ -103,3 +103,31 @@ func TestOpenTidiesStore(t *testing.T) {
 		})
 	}
 }
+
+// TestPVRefusesInvalidNames: pv prints no manifest Kubernetes would
+// reject; bad names are input errors.
+func TestPVRefusesInvalidNames(t *testing.T) {
+	root := newRoot(t)
+	mustRun(t, root, "create", "v", "--size", "8M", "--no-start")
+	tests := []struct {
+		name string
+		args []string
+	}{
+		{"name with capitals and punctuation", []string{"--name", "Bad_Name!"}},
+		{"storage class with a space", []string{"--storage-class", "a b"}},
+		{"both", []string{"--name", "Bad_Name!", "--storage-class", "a b"}},
+		{"name too long", []string{"--name", strings.Repeat("a", 254)}},
+		{"storage class with a slash", []string{"--storage-class", "a/b"}},
+		{"node with a space", []string{"--node", "node 1"}},
+		{"node too long for a label value", []string{"--node", strings.Repeat("n", 64)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := sparsevol(t, root, nil, append([]string{"pv", "v"}, tt.args...)...)
+			if r.code != 2 || r.stdout != "" {
+				t.Fatalf("exit %d, want 2 and no manifest; stdout:\n%s\nstderr: %s", r.code, r.stdout, r.stderr)
+			}
+		})
+	}
+	mustRun(t, root, "delete", "v")
+}

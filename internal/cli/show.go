@@ -5,14 +5,15 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"regexp"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
 	"github.com/sparsevol/sparsevol/internal/volume"
@@ -187,9 +188,6 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// dns1123Subdomain is what a PersistentVolume name must match.
-var dns1123Subdomain = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
-
 func newPVCommand(g *globals) *cobra.Command {
 	var storageClass, node, name string
 	cmd := &cobra.Command{
@@ -200,6 +198,9 @@ func newPVCommand(g *globals) *cobra.Command {
 for whole raw volumes), pinned to this node with nodeAffinity.`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkPVFlags(name, storageClass, node); err != nil {
+				return err
+			}
 			s, err := g.store()
 			if err != nil {
 				return err
@@ -212,6 +213,9 @@ for whole raw volumes), pinned to this node with nodeAffinity.`,
 				if node, err = os.Hostname(); err != nil {
 					return err
 				}
+				if err := checkK8sName("node (this host's name)", node, validation.IsValidLabelValue); err != nil {
+					return err
+				}
 			}
 			pv := buildPV(v, name, storageClass, node)
 			data, err := yaml.Marshal(pv)
@@ -222,16 +226,46 @@ for whole raw volumes), pinned to this node with nodeAffinity.`,
 			return err
 		},
 	}
-	cmd.Flags().StringVar(&storageClass, "storage-class", "sparsevol-local", "storageClassName of the PV")
+	cmd.Flags().StringVar(&storageClass, "storage-class", "sparsevol-local", "storageClassName of the PV (empty: none)")
 	cmd.Flags().StringVar(&node, "node", "", "node name for nodeAffinity (default: this host's name)")
 	cmd.Flags().StringVar(&name, "name", "", "PV name (default: the volume name if it is a valid name, else sparsevol-<uuid>)")
 	return cmd
 }
 
+// checkPVFlags refuses flags that would make an invalid manifest: the PV
+// name and the storage class are DNS-1123 subdomains, the node a label
+// value (it is matched against the kubernetes.io/hostname label). Empty
+// means the default, or for the storage class, none.
+func checkPVFlags(name, storageClass, node string) error {
+	for _, f := range []struct {
+		flag, value string
+		check       func(string) []string
+	}{
+		{"--name", name, validation.IsDNS1123Subdomain},
+		{"--storage-class", storageClass, validation.IsDNS1123Subdomain},
+		{"--node", node, validation.IsValidLabelValue},
+	} {
+		if f.value == "" {
+			continue
+		}
+		if err := checkK8sName(f.flag, f.value, f.check); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkK8sName(what, value string, check func(string) []string) error {
+	if errs := check(value); len(errs) > 0 {
+		return usagef("%s %q: %s", what, value, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
 func buildPV(v *volume.Volume, name, storageClass, node string) *corev1.PersistentVolume {
 	if name == "" {
 		name = v.Name
-		if len(name) > 253 || !dns1123Subdomain.MatchString(name) {
+		if len(validation.IsDNS1123Subdomain(name)) > 0 {
 			name = "sparsevol-" + v.UUID
 		}
 	}
