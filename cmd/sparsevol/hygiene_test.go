@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -8,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestKilledCLILeavesNoChild: a CLI killed with SIGKILL while mkfs runs
@@ -130,4 +133,95 @@ func TestPVRefusesInvalidNames(t *testing.T) {
 		})
 	}
 	mustRun(t, root, "delete", "v")
+}
+
+// TestDoctorStoreFilesystem: doctor fails when the store's filesystem is
+// full or nearly so.
+func TestDoctorStoreFilesystem(t *testing.T) {
+	tests := []struct {
+		name  string
+		leave int64 // bytes to leave available; 0: fill until ENOSPC
+		want  string
+	}{
+		{"full", 0, "full: 0B of "},
+		{"nearly full", 160 << 10, "nearly full: "},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			root := newRoot(t)
+			if err := unix.Mount("tmpfs", root, "tmpfs", 0, "size=16m,mode=0700"); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { unix.Unmount(root, unix.MNT_DETACH) })
+			mustRun(t, root, "list")
+			fill(t, filepath.Join(root, "fill"), tt.leave)
+			r := sparsevol(t, root, nil, "doctor")
+			if r.code != 1 || !strings.Contains(r.stdout, "[FAIL] filesystem: "+tt.want) {
+				t.Fatalf("doctor: exit %d, want 1 and a filesystem failure %q:\n%s%s", r.code, tt.want, r.stdout, r.stderr)
+			}
+		})
+	}
+}
+
+// fill writes path until its filesystem has about leave bytes available.
+func fill(t *testing.T, path string, leave int64) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var st unix.Statfs_t
+	if err := unix.Statfs(filepath.Dir(path), &st); err != nil {
+		t.Fatal(err)
+	}
+	avail := int64(st.Bavail) * st.Bsize
+	chunk := make([]byte, 64<<10)
+	for n := int64(0); leave == 0 || n+int64(len(chunk)) <= avail-leave; n += int64(len(chunk)) {
+		if _, err := f.Write(chunk); err != nil {
+			if leave == 0 && errors.Is(err, unix.ENOSPC) {
+				return
+			}
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestDoctorScopesDevicesToStore: doctor advises detaching only devices of
+// volumes this store lost, and counts other stores' devices in one line.
+func TestDoctorScopesDevicesToStore(t *testing.T) {
+	root, other := newRoot(t), newRoot(t)
+	orphan := strings.TrimSpace(mustRun(t, root, "create", "lost", "--size", "8M"))
+	foreign := strings.TrimSpace(mustRun(t, other, "create", "elsewhere", "--size", "8M"))
+	// The store forgets "lost" while its device stays: an orphan here.
+	meta := filepath.Join(root, orphan+".json")
+	aside := filepath.Join(t.TempDir(), "meta")
+	if err := os.Rename(meta, aside); err != nil {
+		t.Fatal(err)
+	}
+	r := sparsevol(t, root, nil, "doctor")
+	os.Rename(aside, meta)
+	mustRun(t, root, "delete", "lost")
+	mustRun(t, other, "delete", "elsewhere")
+	orphanDev, foreignDev := "", ""
+	for _, line := range strings.Split(r.stdout, "\n") {
+		if strings.Contains(line, orphan) {
+			orphanDev = line
+		}
+		if strings.Contains(line, foreign) || strings.Contains(line, other) {
+			foreignDev = line
+		}
+	}
+	if orphanDev == "" || !strings.Contains(r.stdout, "-> losetup -d /dev/loop") {
+		t.Errorf("the orphan of this store (volume %s) is not reported with losetup -d", orphan)
+	}
+	if foreignDev != "" || strings.Count(r.stdout, "losetup -d") != 1 {
+		t.Errorf("another store's device is reported or advised for detaching: %q", foreignDev)
+	}
+	if !strings.Contains(r.stdout, "loop device(s) of volumes of other stores") {
+		t.Errorf("other stores' devices are not summarised")
+	}
+	if t.Failed() {
+		t.Logf("doctor:\n%s%s", r.stdout, r.stderr)
+	}
 }

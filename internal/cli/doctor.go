@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/sparsevol/sparsevol/internal/loop"
 	"github.com/sparsevol/sparsevol/internal/systemd"
@@ -152,7 +153,7 @@ func (g *globals) diagnose() []finding {
 		return out
 	}
 	add("OK", "store", s.Root()+" exists and is private", "")
-	out = append(out, partitionSupport(s.Root()))
+	out = append(out, storeFilesystem(s.Root()), partitionSupport(s.Root()))
 
 	sp, err := s.Space()
 	if err == nil {
@@ -183,15 +184,84 @@ func (g *globals) diagnose() []finding {
 				"systemctl enable --now "+systemd.UnitName(v.UUID))
 		}
 	}
-	devs, _ := loop.List()
+	return append(out, taggedDevices(s.Root(), ours)...)
+}
+
+// taggedDevices reports the loop devices tagged sparsevol:<uuid>. One
+// whose backing file lies in this store's directory under a UUID the
+// store does not have is this store's orphan: a finding each, with the
+// command that frees it. Devices whose file lies elsewhere belong to
+// other stores and are counted in one line, never advised to detach.
+func taggedDevices(root string, ours map[string]bool) []finding {
+	devs, err := loop.List()
+	if err != nil {
+		return []finding{{"WARN", "devices", "cannot list loop devices: " + err.Error(), ""}}
+	}
+	// sysfs names backing files by their real path.
+	if real, err := filepath.EvalSymlinks(root); err == nil {
+		root = real
+	}
+	var out []finding
+	others := 0
 	for _, d := range devs {
 		uuid, ok := strings.CutPrefix(d.Tag, "sparsevol:")
-		if ok && !ours[uuid] {
-			add("WARN", "device "+d.Path, "tagged for volume "+uuid+", which is not in this store",
-				"if no other store owns it: losetup -d "+d.Path)
+		if !ok || !volume.ValidUUID(uuid) {
+			continue
+		}
+		file, ok := backingFileOf(d)
+		switch {
+		case !ok:
+			continue // detached since it was listed
+		case filepath.Dir(file) != root:
+			others++
+		case !ours[uuid]:
+			out = append(out, finding{"WARN", "device " + d.Path,
+				fmt.Sprintf("bound to %s in this store and tagged for volume %s, which this store does not have", file, uuid),
+				"losetup -d " + d.Path})
 		}
 	}
+	if others > 0 {
+		out = append(out, finding{"OK", "devices",
+			fmt.Sprintf("%d loop device(s) of volumes of other stores on this node (backing files outside %s): not this store's, left alone", others, root), ""})
+	}
 	return out
+}
+
+// backingFileOf is the path of d's backing file as sysfs gives it, without
+// the " (deleted)" the kernel appends to a removed file.
+func backingFileOf(d *loop.Device) (string, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/sys/block/loop%d/loop/backing_file", d.Number))
+	if err != nil {
+		return "", false
+	}
+	return strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), " (deleted)"), true
+}
+
+// storeFullPercent is the share of the store's filesystem below which
+// doctor fails: volumes take space as they are written, and a write that
+// finds none fails inside the volume as an I/O error.
+const storeFullPercent = 2
+
+// storeFilesystem fails when the store's filesystem is full or nearly so
+// (space or inodes).
+func storeFilesystem(root string) finding {
+	const check = "filesystem"
+	var st unix.Statfs_t
+	if err := unix.Statfs(root, &st); err != nil {
+		return finding{"WARN", check, fmt.Sprintf("statfs %s: %v", root, err), ""}
+	}
+	total, avail := int64(st.Blocks)*st.Bsize, int64(st.Bavail)*st.Bsize
+	detail := fmt.Sprintf("%s of %s available on the store's filesystem", humanBytes(avail), humanBytes(total))
+	fix := "free space on the store's filesystem (volumes that find none get write errors)"
+	switch {
+	case avail == 0:
+		return finding{"FAIL", check, "full: " + detail, fix}
+	case avail*100 < total*storeFullPercent:
+		return finding{"FAIL", check, fmt.Sprintf("nearly full: %s (doctor fails below %d%%)", detail, storeFullPercent), fix}
+	case st.Files > 0 && st.Ffree == 0:
+		return finding{"FAIL", check, fmt.Sprintf("no inodes left on the store's filesystem (%d in all)", st.Files), fix}
+	}
+	return finding{"OK", check, fmt.Sprintf("%s (doctor fails below %d%%)", detail, storeFullPercent), ""}
 }
 
 func fileMissing(path string) bool {
