@@ -352,7 +352,9 @@ func TestControllerRules(t *testing.T) {
 
 		_, err = e.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
 		wantCode(t, err, codes.FailedPrecondition) // still published
-		for range 2 {                              // idempotent
+
+		// Unpublish and unstage are idempotent.
+		for range 2 {
 			if _, err := e.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: ro.target}); err != nil {
 				t.Error(err)
 			}
