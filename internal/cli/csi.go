@@ -13,6 +13,7 @@ import (
 
 	"github.com/sparsevol/sparsevol/internal/csi"
 	"github.com/sparsevol/sparsevol/internal/kubelet"
+	"github.com/sparsevol/sparsevol/internal/unixsock"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
@@ -26,6 +27,8 @@ const (
 	CSIFlagLogLevel   = "log-level"
 	// Node RPCs act on paths below the kubelet directory only.
 	CSIFlagKubeletDir = "kubelet-dir"
+	// Both sockets are 0600, or 0660 owned by this group.
+	CSIFlagSocketGroup = "socket-group"
 	// Native kubelet registration (internal/kubelet), instead of the
 	// node-driver-registrar sidecar.
 	CSIFlagKubeletRegistration = "kubelet-registration-path"
@@ -34,9 +37,9 @@ const (
 
 func newCSICommand(g *globals) *cobra.Command {
 	var (
-		endpoint, nodeID, driverName, metricsAddr, logLevel string
-		registration, kubeletEndpoint, kubeletDir           string
-		maxVolumes                                          int64
+		endpoint, nodeID, driverName, metricsAddr, logLevel  string
+		registration, kubeletEndpoint, kubeletDir, sockGroup string
+		maxVolumes                                           int64
 	)
 	cmd := &cobra.Command{
 		Use:   "csi --endpoint unix:///csi/csi.sock --node-id NODE",
@@ -56,6 +59,12 @@ next to csi-provisioner --node-deployment (see deploy/kubernetes).`,
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 				return usagef("--%s %q: want debug, info, warn or error", CSIFlagLogLevel, logLevel)
+			}
+			gid := unixsock.NoGroup
+			if sockGroup != "" {
+				if gid, err = unixsock.LookupGroup(sockGroup); err != nil {
+					return usagef("--%s: %v", CSIFlagSocketGroup, err)
+				}
 			}
 			log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
 			// The plugin owns its store: make it (private) if the host
@@ -86,7 +95,7 @@ next to csi-provisioner --node-deployment (see deploy/kubernetes).`,
 			if err != nil {
 				return err
 			}
-			l, err := csi.Listen(socket)
+			l, err := csi.Listen(socket, gid)
 			if err != nil {
 				return err
 			}
@@ -112,7 +121,7 @@ next to csi-provisioner --node-deployment (see deploy/kubernetes).`,
 					return usagef("--%s %s is the CSI socket; give kubelet's plugin registry (%s/) or a socket in it",
 						CSIFlagKubeletRegistration, registration, kubelet.DefaultRegistrationDir)
 				}
-				rl, err := kubelet.Listen(regSocket)
+				rl, err := kubelet.Listen(regSocket, gid)
 				if err != nil {
 					return err
 				}
@@ -143,6 +152,8 @@ next to csi-provisioner --node-deployment (see deploy/kubernetes).`,
 	f.StringVar(&metricsAddr, CSIFlagMetrics, "", "serve Prometheus metrics on this address (e.g. :9808); empty: off")
 	f.Int64Var(&maxVolumes, CSIFlagMaxVolumes, 0, "volumes this node may hold, reported to the scheduler; 0: no limit")
 	f.StringVar(&logLevel, CSIFlagLogLevel, "info", "log level: debug, info, warn, error")
+	f.StringVar(&sockGroup, CSIFlagSocketGroup, "",
+		"make the CSI and registration sockets 0660 owned by this group (name or gid); empty: 0600, root only")
 	f.StringVar(&kubeletDir, CSIFlagKubeletDir, csi.DefaultKubeletDir,
 		"kubelet's root directory (absolute, no symbolic links): staging, target and volume paths outside it are refused")
 	f.StringVar(&registration, CSIFlagKubeletRegistration, "",

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sparsevol/sparsevol/internal/loop"
 	"github.com/sparsevol/sparsevol/internal/testutil"
+	"github.com/sparsevol/sparsevol/internal/unixsock"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
@@ -105,7 +106,7 @@ func newTestEnv(t testing.TB, opts ...envOptions) *testEnv {
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
 	e.socket = filepath.Join(sockDir, "csi.sock")
-	l, err := Listen(e.socket)
+	l, err := Listen(e.socket, unixsock.NoGroup)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -45,9 +44,10 @@ func ParseEndpoint(endpoint string) (string, error) {
 	return filepath.Clean(path), nil
 }
 
-// Listen makes the CSI endpoint socket (replacing a stale one).
-func Listen(path string) (net.Listener, error) {
-	return unixsock.Listen(path)
+// Listen makes the CSI endpoint socket (replacing a stale one): 0600, or
+// 0660 with group gid unless gid is unixsock.NoGroup. Closing it removes it.
+func Listen(path string, gid int) (net.Listener, error) {
+	return unixsock.Listen(path, gid)
 }
 
 // NewGRPCServer returns a gRPC server with the driver's three services
@@ -60,8 +60,8 @@ func (d *Driver) NewGRPCServer() *grpc.Server {
 	return srv
 }
 
-// Serve serves CSI on l until ctx ends, then stops gracefully (bounded)
-// and removes the socket.
+// Serve serves CSI on l until ctx ends, then stops gracefully (bounded);
+// stopping closes l, which removes a socket made by Listen.
 func (d *Driver) Serve(ctx context.Context, l net.Listener) error {
 	srv := d.NewGRPCServer()
 	errc := make(chan error, 1)
@@ -78,9 +78,6 @@ func (d *Driver) Serve(ctx context.Context, l net.Listener) error {
 	case <-stopped:
 	case <-time.After(30 * time.Second):
 		srv.Stop()
-	}
-	if addr, ok := l.Addr().(*net.UnixAddr); ok {
-		os.Remove(addr.Name)
 	}
 	return nil
 }

@@ -131,30 +131,18 @@ func (s *Server) Status() Status {
 // Notified is closed when kubelet reports a status for the first time.
 func (s *Server) Notified() <-chan struct{} { return s.notified }
 
-// Listen makes the registration socket: a stale socket from an earlier run
-// is replaced (never a file of another kind), the directory is created.
-// Kubelet's watcher may dial the socket the moment it appears; the
-// connection waits in the listen backlog until Serve answers it.
-func Listen(path string) (net.Listener, error) {
-	ul, err := unixsock.Listen(path)
+// Listen makes the registration socket (unixsock.Listen: 0600, or 0660
+// with group gid): a stale socket from an earlier run is replaced (never a
+// file of another kind), the directory is created. Kubelet's watcher may
+// dial the socket the moment it appears; the connection waits in the
+// listen backlog until Serve answers it. Closing the listener removes the
+// socket while it is still this one: a newer process may have replaced it.
+func Listen(path string, gid int) (net.Listener, error) {
+	l, err := unixsock.Listen(path, gid)
 	if err != nil {
 		return nil, fmt.Errorf("registration socket: %w", err)
 	}
-	// Serve removes the socket itself, and only while it is still this one.
-	ul.SetUnlinkOnClose(false)
-	fi, err := os.Lstat(path)
-	if err != nil {
-		ul.Close()
-		return nil, fmt.Errorf("registration socket %s: %w", path, err)
-	}
-	return &socket{UnixListener: ul, path: path, fi: fi}, nil
-}
-
-// socket is a listener made by Listen: it remembers which file it created.
-type socket struct {
-	*net.UnixListener
-	path string
-	fi   os.FileInfo
+	return l, nil
 }
 
 // Serve answers on l until ctx ends, then stops and removes the socket, so
@@ -163,12 +151,6 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	srv := grpc.NewServer()
 	registerapi.RegisterRegistrationServer(srv, s)
 	path := l.Addr().String()
-	// The socket is removed at the end only if it is still ours: a newer
-	// process may have replaced it meanwhile.
-	var ours os.FileInfo
-	if sl, ok := l.(*socket); ok {
-		ours = sl.fi
-	}
 	s.log.Info("serving kubelet plugin registration", "socket", path, "driver", s.cfg.DriverName, "endpoint", s.cfg.Endpoint)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
@@ -185,11 +167,9 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		<-errc
 	case err = <-errc:
 	}
-	l.Close()
-	if now, statErr := os.Lstat(path); statErr == nil && ours != nil && os.SameFile(ours, now) {
-		if rmErr := os.Remove(path); rmErr != nil {
-			s.log.Warn("remove registration socket", "socket", path, "error", rmErr)
-		}
+	// Removes the socket, so kubelet unregisters the plugin.
+	if cerr := l.Close(); cerr != nil && !errors.Is(cerr, net.ErrClosed) {
+		s.log.Warn("close registration socket", "socket", path, "error", cerr)
 	}
 	if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return fmt.Errorf("kubelet registration: %w", err)

@@ -11,6 +11,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/sparsevol/sparsevol/internal/unixsock"
 )
 
 // serve starts a registration server on a real unix socket in a fresh
@@ -23,7 +25,7 @@ func serve(t *testing.T, cfg Config) (*Server, string, registerapi.RegistrationC
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := Listen(sock)
+	l, err := Listen(sock, unixsock.NoGroup)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +146,7 @@ func TestListenReplacesStaleSocketOnly(t *testing.T) {
 	}
 	l.(*net.UnixListener).SetUnlinkOnClose(false)
 	l.Close()
-	l2, err := Listen(sock)
+	l2, err := Listen(sock, unixsock.NoGroup)
 	if err != nil {
 		t.Fatalf("stale socket not replaced: %v", err)
 	}
@@ -154,7 +156,7 @@ func TestListenReplacesStaleSocketOnly(t *testing.T) {
 	if err := os.WriteFile(file, []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Listen(file); err == nil {
+	if _, err := Listen(file, unixsock.NoGroup); err == nil {
 		t.Fatal("Listen replaced a regular file")
 	}
 	if b, err := os.ReadFile(file); err != nil || string(b) != "x" {
@@ -171,14 +173,14 @@ func TestStopKeepsReplacedSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := Listen(sock)
+	l, err := Listen(sock, unixsock.NoGroup)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, l) }()
-	l2, err := Listen(sock) // the newer process
+	l2, err := Listen(sock, unixsock.NoGroup) // the newer process
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,18 +1,78 @@
 // Package unixsock makes the plugin's unix sockets (CSI endpoint, kubelet
-// registration).
+// registration). It is the one home of their access rule: a socket is
+// 0600, or 0660 owned by a chosen group, whatever the process umask, and
+// is never reachable by anyone else, not even for a moment.
 package unixsock
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"net"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
+
+	"golang.org/x/sys/unix"
 )
 
-// Listen removes a stale socket left by a previous run (only a socket,
-// never another kind of file), creates the directory, and listens on path.
-func Listen(path string) (*net.UnixListener, error) {
+// NoGroup, as Listen's gid, keeps the socket to its owner (0600).
+const NoGroup = -1
+
+// LookupGroup resolves a --socket-group value, a group name or a numeric
+// gid, to a gid.
+func LookupGroup(group string) (int, error) {
+	if gid, err := strconv.Atoi(group); err == nil {
+		if gid < 0 {
+			return 0, fmt.Errorf("socket group %q: a gid is not negative", group)
+		}
+		return gid, nil
+	}
+	g, err := user.LookupGroup(group)
+	if err != nil {
+		return 0, fmt.Errorf("socket group %q: %w", group, err)
+	}
+	gid, err := strconv.Atoi(g.Gid)
+	if err != nil {
+		return 0, fmt.Errorf("socket group %q: gid %q: %w", group, g.Gid, err)
+	}
+	return gid, nil
+}
+
+// Listener is a socket made by Listen. Addr is its final path; Close
+// removes the socket file if it is still the one Listen made.
+type Listener struct {
+	*net.UnixListener
+	path string
+	made os.FileInfo
+}
+
+// Addr returns the socket's path.
+func (l *Listener) Addr() net.Addr { return &net.UnixAddr{Name: l.path, Net: "unix"} }
+
+// Close stops listening and removes the socket file, unless another
+// process has replaced it meanwhile.
+func (l *Listener) Close() error {
+	err := l.UnixListener.Close()
+	if now, statErr := os.Lstat(l.path); statErr == nil && os.SameFile(l.made, now) {
+		if rmErr := os.Remove(l.path); rmErr != nil && !errors.Is(rmErr, fs.ErrNotExist) && err == nil {
+			err = fmt.Errorf("remove socket %s: %w", l.path, rmErr)
+		}
+	}
+	return err
+}
+
+// Listen makes a listening socket at path: mode 0600, or 0660 with group
+// gid when gid is not NoGroup. A stale socket left by a previous run is
+// replaced (only a socket, never another kind of file); the directory is
+// created (0750) if missing.
+//
+// The socket is bound inside a fresh 0700 directory next to path, given
+// its mode and group there, and only then renamed into place (without
+// replacing anything), so it never exists at a reachable path with the
+// permissions bind gave it under the process umask.
+func Listen(path string, gid int) (*Listener, error) {
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode()&fs.ModeSocket == 0 {
 			return nil, fmt.Errorf("listen %s: exists and is not a socket", path)
@@ -21,12 +81,42 @@ func Listen(path string) (*net.UnixListener, error) {
 			return nil, fmt.Errorf("listen %s: remove stale socket: %w", path, err)
 		}
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	private, err := os.MkdirTemp(dir, ".sock-") // 0700
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
-	return l, nil
+	defer os.RemoveAll(private)
+	tmp := filepath.Join(private, "s")
+	ul, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	// The file is renamed away from tmp: Listener.Close removes it.
+	ul.SetUnlinkOnClose(false)
+	fail := func(err error) (*Listener, error) {
+		ul.Close()
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	mode := os.FileMode(0o600)
+	if gid != NoGroup {
+		mode = 0o660
+		if err := os.Lchown(tmp, -1, gid); err != nil {
+			return fail(err)
+		}
+	}
+	if err := os.Chmod(tmp, mode); err != nil {
+		return fail(err)
+	}
+	made, err := os.Lstat(tmp)
+	if err != nil {
+		return fail(err)
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, path, unix.RENAME_NOREPLACE); err != nil {
+		return fail(fmt.Errorf("move socket into place: %w", err))
+	}
+	return &Listener{UnixListener: ul, path: path, made: made}, nil
 }
