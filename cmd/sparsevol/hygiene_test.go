@@ -225,3 +225,19 @@ func TestDoctorScopesDevicesToStore(t *testing.T) {
 		t.Logf("doctor:\n%s%s", r.stdout, r.stderr)
 	}
 }
+
+// TestDoctorFailsOnBrokenMetadata: a volume whose metadata cannot be read
+// is a failure, named with its file.
+func TestDoctorFailsOnBrokenMetadata(t *testing.T) {
+	root := newRoot(t)
+	uuid := strings.TrimSpace(mustRun(t, root, "create", "b", "--size", "8M", "--no-start"))
+	meta := filepath.Join(root, uuid+".json")
+	if err := os.Truncate(meta, 10); err != nil {
+		t.Fatal(err)
+	}
+	r := sparsevol(t, root, nil, "doctor")
+	if r.code != 1 || !strings.Contains(r.stdout, "[FAIL] volume "+uuid+": broken: ") || !strings.Contains(r.stdout, meta) {
+		t.Errorf("doctor: exit %d, want 1 and a failure naming %s:\n%s%s", r.code, meta, r.stdout, r.stderr)
+	}
+	mustRun(t, root, "delete", uuid)
+}

@@ -174,6 +174,9 @@ func (g *globals) diagnose() []finding {
 	for _, v := range vols {
 		ours[v.UUID] = true
 		switch {
+		case v.State == volume.StateBroken:
+			add("FAIL", "volume "+v.Name, "broken: "+v.Error,
+				"restore the file from a backup, or `sparsevol delete "+v.UUID+"`")
 		case v.State != volume.StateReady:
 			add("WARN", "volume "+v.Name, fmt.Sprintf("unfinished (%s)", v.State),
 				fmt.Sprintf("rerun the operation, or `sparsevol delete %s`", v.UUID))
