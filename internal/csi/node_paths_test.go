@@ -304,3 +304,40 @@ func TestNodeTeardownTouchesOnlyItsOwn(t *testing.T) {
 		})
 	}
 }
+
+// TestNewChecksKubeletDir refuses a kubelet directory the path rule could
+// not be anchored to.
+func TestNewChecksKubeletDir(t *testing.T) {
+	dir := t.TempDir()
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(dir, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "store"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	store, err := volume.Open(filepath.Join(dir, "store"), volume.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		dir string
+		ok  bool
+	}{
+		{"", true}, // the default
+		{dir, true},
+		{"var/lib/kubelet", false},
+		{dir + "/", false},
+		{dir + "/x/../y", false},
+		{filepath.Join(link, "kubelet"), false},
+	}
+	for _, tc := range tests {
+		d, err := New(Config{NodeID: "n", Store: store, KubeletDir: tc.dir})
+		if tc.ok != (err == nil) || (!tc.ok && !errors.Is(err, volume.ErrInvalid)) {
+			t.Errorf("New with kubelet dir %q: %v, want ok %v", tc.dir, err, tc.ok)
+		}
+		if tc.ok && tc.dir == "" && d.kubeletDir != DefaultKubeletDir {
+			t.Errorf("default kubelet dir %q, want %q", d.kubeletDir, DefaultKubeletDir)
+		}
+	}
+}
