@@ -124,7 +124,7 @@ func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 		return nil, status.Errorf(codes.Internal, "volume %s: %v", v.UUID, err)
 	}
 	if all := uses.all(); len(all) > 0 {
-		if foreign != nil {
+		if foreign != nil && containsPath(all, staging) {
 			return nil, status.Errorf(codes.FailedPrecondition, "volume %s: staging path %s holds %s on top of the volume, which is not the volume's; left mounted",
 				v.UUID, staging, describeMount(*foreign))
 		}
