@@ -12,9 +12,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// AttachRequest is one binding asked of AttachMany.
+// AttachRequest is one binding asked of AttachMany. FD is the backing
+// file, opened by the caller, who closes it after the call.
 type AttachRequest struct {
-	Path    string
+	FD      int
 	Options AttachOptions
 }
 
@@ -47,7 +48,7 @@ func AttachMany(reqs []AttachRequest, parallel int) []AttachResult {
 	}
 	fail := func(err error) []AttachResult {
 		for i := range results {
-			results[i].Err = fmt.Errorf("attach %s: %w", reqs[i].Path, err)
+			results[i].Err = fmt.Errorf("attach: %w", err)
 		}
 		return results
 	}
@@ -192,61 +193,45 @@ func pickNumbers(count int) ([]slot, error) {
 	return out, nil
 }
 
-// openBacking opens the request's file as a plain fd (the caller closes
-// it once the device holds its own reference) and returns its identity.
-func openBacking(req AttachRequest) (int, FileID, error) {
+// checkRequest validates a request and returns its file's identity.
+func checkRequest(req AttachRequest) (FileID, error) {
 	if len(req.Options.Tag) >= unix.LO_NAME_SIZE {
-		return -1, FileID{}, fmt.Errorf("tag %q longer than %d bytes", req.Options.Tag, unix.LO_NAME_SIZE-1)
+		return FileID{}, fmt.Errorf("tag %q longer than %d bytes", req.Options.Tag, unix.LO_NAME_SIZE-1)
 	}
-	mode := unix.O_RDWR
-	if req.Options.ReadOnly {
-		mode = unix.O_RDONLY
-	}
-	fd, err := unix.Open(req.Path, mode|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1, FileID{}, &os.PathError{Op: "open", Path: req.Path, Err: err}
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return -1, FileID{}, fmt.Errorf("fstat: %w", err)
-	}
-	return fd, FileID{Dev: st.Dev, Inode: st.Ino}, nil
+	return FileIDOfFD(req.FD)
 }
 
 func attachNumber(control int, s slot, req AttachRequest) AttachResult {
-	backing, want, err := openBacking(req)
+	want, err := checkRequest(req)
 	if err != nil {
-		return AttachResult{Err: fmt.Errorf("attach %s: %w", req.Path, err)}
+		return AttachResult{Err: fmt.Errorf("attach: %w", err)}
 	}
-	defer unix.Close(backing)
 	if s.add {
 		// Made by someone meanwhile: binding it tells if it is free.
 		if _, err := addDevice(control, s.n); err != nil {
-			return AttachResult{Err: fmt.Errorf("attach %s: %w", req.Path, err)}
+			return AttachResult{Err: fmt.Errorf("attach: %w", err)}
 		}
 	}
-	dev, err := bindNumber(s.n, backing, want, req.Options)
+	dev, err := bindNumber(s.n, req.FD, want, req.Options)
 	if err != nil {
-		return AttachResult{Err: fmt.Errorf("attach %s: %w", req.Path, err)}
+		return AttachResult{Err: fmt.Errorf("attach: %w", err)}
 	}
 	return AttachResult{Device: dev}
 }
 
 // attachOne is Attach's loop for a caller that holds the control lock.
 func attachOne(control int, req AttachRequest) AttachResult {
-	backing, want, err := openBacking(req)
+	want, err := checkRequest(req)
 	if err != nil {
-		return AttachResult{Err: fmt.Errorf("attach %s: %w", req.Path, err)}
+		return AttachResult{Err: fmt.Errorf("attach: %w", err)}
 	}
-	defer unix.Close(backing)
 	for attempt := 0; ; attempt++ {
-		dev, err := attachFree(control, backing, want, req.Options)
+		dev, err := attachFree(control, req.FD, want, req.Options)
 		if err == nil {
 			return AttachResult{Device: dev}
 		}
 		if !errors.Is(err, unix.EBUSY) || attempt >= attachRetries {
-			return AttachResult{Err: fmt.Errorf("attach %s: %w", req.Path, err)}
+			return AttachResult{Err: fmt.Errorf("attach: %w", err)}
 		}
 		time.Sleep(time.Duration(1+rand.IntN(10)) * time.Millisecond)
 	}

@@ -39,7 +39,7 @@ func TestAttachMany(t *testing.T) {
 				path, id := backingFile(t, 1<<20)
 				opts := tt.opts
 				opts.Tag = fmt.Sprintf("sparsevol:batch-%d", i)
-				reqs = append(reqs, AttachRequest{Path: path, Options: opts})
+				reqs = append(reqs, AttachRequest{FD: openFD(t, path), Options: opts})
 				ids = append(ids, id)
 			}
 			var foreign []string
@@ -74,7 +74,7 @@ func TestAttachMany(t *testing.T) {
 					continue
 				}
 				t.Cleanup(func() {
-					if err := Detach(r.Device.Path, ids[i]); err != nil && !errors.Is(err, ErrNotAttached) {
+					if err := Detach(r.Device.Path, ownerOf(r.Device)); err != nil && !errors.Is(err, ErrNotAttached) {
 						t.Errorf("detach %s: %v", r.Device.Path, err)
 					}
 				})

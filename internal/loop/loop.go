@@ -30,9 +30,9 @@ const controlPath = "/dev/loop-control"
 var (
 	// ErrNotAttached is returned when a device has no backing file bound.
 	ErrNotAttached = errors.New("loop device not attached")
-	// ErrNotOwned is returned when a device's backing file is not the one the
-	// caller proved ownership of; nothing was changed.
-	ErrNotOwned = errors.New("loop device backed by another file")
+	// ErrNotOwned is returned when a device is not provably the caller's
+	// (see Owner.Check); nothing was changed.
+	ErrNotOwned = errors.New("loop device not ours")
 	// ErrBusy is returned when a device is mounted, held or open and the
 	// requested change was refused; nothing was changed.
 	ErrBusy = errors.New("loop device in use")
@@ -49,13 +49,49 @@ type FileID struct {
 	Inode uint64
 }
 
-// FileIDOf returns the identity of the file at path.
-func FileIDOf(path string) (FileID, error) {
+// FileIDOfFD returns the identity of the open file fd.
+func FileIDOfFD(fd int) (FileID, error) {
 	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		return FileID{}, fmt.Errorf("stat %s: %w", path, err)
+	if err := unix.Fstat(fd, &st); err != nil {
+		return FileID{}, fmt.Errorf("fstat: %w", err)
 	}
 	return FileID{Dev: st.Dev, Inode: st.Ino}, nil
+}
+
+// Owner is what a caller must prove to touch a device: the device is its
+// own only when it is bound to the owner's file (by device and inode, never
+// by path), from offset 0, with no size limit, with the owner's read-only
+// flag and carrying the owner's tag. A device someone else bound to the
+// same file (losetup -o, --sizelimit, -r, or an untagged losetup) is a
+// window onto the file that is not ours: nothing detaches, resizes, links
+// or formats it.
+type Owner struct {
+	ID       FileID
+	Tag      string
+	ReadOnly bool
+}
+
+// Check returns nil if d is provably the owner's device, else an error
+// wrapping ErrNotOwned that says what differs. d must come from an ioctl
+// (Get, Bound): a sysfs scan does not know the tag.
+func (o Owner) Check(d *Device) error {
+	var why string
+	switch {
+	case d.Backing != o.ID:
+		why = fmt.Sprintf("bound to file %d:%d, not %d:%d", d.Backing.Dev, d.Backing.Inode, o.ID.Dev, o.ID.Inode)
+	case d.Offset != 0:
+		why = fmt.Sprintf("bound at offset %d of the file", d.Offset)
+	case d.SizeLimit != 0:
+		why = fmt.Sprintf("limited to %d bytes of the file", d.SizeLimit)
+	case d.ReadOnly() != o.ReadOnly:
+		why = fmt.Sprintf("read-only=%t, want %t", d.ReadOnly(), o.ReadOnly)
+	case d.Tag != o.Tag:
+		why = fmt.Sprintf("tagged %q, not %q", d.Tag, o.Tag)
+	}
+	if why == "" {
+		return nil
+	}
+	return fmt.Errorf("%s is %s: %w", d.Path, why, ErrNotOwned)
 }
 
 // Device describes a bound loop device.
@@ -69,6 +105,10 @@ type Device struct {
 	// Bytes is the device's size when it was bound or asked by ioctl; 0
 	// when unknown (devices found by a sysfs scan).
 	Bytes uint64
+	// Offset and SizeLimit are where in the backing file the device
+	// starts and how much of it it shows (0: to the end).
+	Offset    uint64
+	SizeLimit uint64
 }
 
 // DirectIO reports whether the kernel performs direct I/O on the backing file.
@@ -117,20 +157,23 @@ func (o AttachOptions) flags(directIO bool) uint32 {
 // process (one not honouring the control lock) grabbed first.
 const attachRetries = 64
 
-// Attach binds backingPath to a free loop device and returns it. It does not
-// look for an existing binding of the same file: callers that need
-// idempotency look first (Find) under their own lock.
+// Attach binds the open file backing to a free loop device and returns
+// it. The caller owns backing and closes it after the call; the device
+// holds its own reference to the file. Attach never opens a path for the
+// backing file, so what is bound is exactly what the caller opened and
+// checked. It does not look for an existing binding of the same file:
+// callers that need idempotency look first (Bound) under their own lock.
 //
 // Concurrent attaches are serialised with an exclusive flock on
 // /dev/loop-control (as systemd does); processes that do not take the lock
 // can still race us to a free device, so EBUSY is retried with bounded jitter.
-func Attach(backingPath string, opts AttachOptions) (*Device, error) {
+func Attach(backing int, opts AttachOptions) (*Device, error) {
 	control, err := lockControl()
 	if err != nil {
-		return nil, fmt.Errorf("attach %s: %w", backingPath, err)
+		return nil, fmt.Errorf("attach: %w", err)
 	}
 	defer unix.Close(control) // releases the lock
-	r := attachOne(control, AttachRequest{Path: backingPath, Options: opts})
+	r := attachOne(control, AttachRequest{FD: backing, Options: opts})
 	return r.Device, r.Err
 }
 
@@ -187,16 +230,20 @@ func bindNumber(n int, backing int, want FileID, opts AttachOptions) (*Device, e
 	if err != nil {
 		return nil, err
 	}
-	// Verify that what the kernel now holds is what we asked for: the file,
-	// and no autoclear (which would silently drop a persistent volume).
-	// Partscan may be on without being asked for: the kernel sets it on
-	// every device when the loop module has max_part > 0.
+	// Verify that what the kernel now holds is what we asked for: our
+	// device by the owner's proof, and no autoclear (which would silently
+	// drop a persistent volume). Partscan may be on without being asked
+	// for: the kernel sets it on every device when the loop module has
+	// max_part > 0.
+	owner := Owner{ID: want, Tag: opts.Tag, ReadOnly: opts.ReadOnly}
 	var bad string
-	switch {
+	switch err := owner.Check(dev); {
 	case dev.Backing != want:
 		// Not ours (someone rebound it between configure and status):
 		// leave it alone.
-		return nil, fmt.Errorf("verify %s: bound to %d:%d, want %d:%d: %w", path, dev.Backing.Dev, dev.Backing.Inode, want.Dev, want.Inode, ErrNotOwned)
+		return nil, fmt.Errorf("verify %s: %w", path, err)
+	case err != nil:
+		bad = err.Error()
 	case dev.Autoclear():
 		bad = "autoclear is set on a persistent device"
 	case dev.ReadOnly() != opts.ReadOnly, opts.Partscan && !dev.Partscan():
@@ -266,9 +313,9 @@ func Get(path string) (*Device, error) {
 
 // openBound opens the loop device at path and reads its state. ENXIO (no
 // file bound, or being torn down) becomes ErrNotAttached; with owner set, a
-// device bound to another file is refused with ErrNotOwned. On success the
-// caller closes fd.
-func openBound(path string, flags int, owner *FileID) (int, *Device, error) {
+// device that is not provably the owner's is refused with ErrNotOwned. On
+// success the caller closes fd.
+func openBound(path string, flags int, owner *Owner) (int, *Device, error) {
 	n, err := parseNumber(path)
 	if err != nil {
 		return -1, nil, err
@@ -281,8 +328,8 @@ func openBound(path string, flags int, owner *FileID) (int, *Device, error) {
 		return -1, nil, err
 	}
 	dev, err := status(fd, n)
-	if err == nil && owner != nil && dev.Backing != *owner {
-		err = fmt.Errorf("%s is bound to %d:%d, not %d:%d: %w", path, dev.Backing.Dev, dev.Backing.Inode, owner.Dev, owner.Inode, ErrNotOwned)
+	if err == nil && owner != nil {
+		err = owner.Check(dev)
 	}
 	if err != nil {
 		unix.Close(fd)
@@ -300,11 +347,13 @@ func status(fd, n int) (*Device, error) {
 		return nil, fmt.Errorf("status %s: LOOP_GET_STATUS64: %w", devicePath(n), err)
 	}
 	dev := &Device{
-		Path:    devicePath(n),
-		Number:  n,
-		Backing: FileID{Dev: info.Device, Inode: info.Inode},
-		Tag:     string(bytes.TrimRight(info.File_name[:], "\x00")),
-		Flags:   info.Flags,
+		Path:      devicePath(n),
+		Number:    n,
+		Backing:   FileID{Dev: info.Device, Inode: info.Inode},
+		Tag:       string(bytes.TrimRight(info.File_name[:], "\x00")),
+		Flags:     info.Flags,
+		Offset:    info.Offset,
+		SizeLimit: info.Sizelimit,
 	}
 	if bs, err := unix.IoctlGetInt(fd, unix.BLKSSZGET); err == nil {
 		dev.BlockSize = uint32(bs)
@@ -389,10 +438,10 @@ func sizedLoops() ([]int, error) {
 // them: paths, flags and block size come from sysfs and the identity from
 // a stat of the backing file's path (exact for files reachable in this
 // mount namespace); only devices whose path cannot be resolved (deleted,
-// another namespace) are asked by ioctl. Tags are not filled in. Opening
-// devices is what periodic callers (status listings, metrics scrapes)
-// must avoid: an open at the wrong moment turns someone's detach into a
-// deferred one. Operations that change a device verify it by ioctl anyway.
+// another namespace) are asked by ioctl. Tags are not filled in, so a
+// scanned device proves nothing (Owner.Check needs Bound or Get). Opening
+// devices is what periodic callers (doctor, metrics scrapes) must avoid:
+// an open at the wrong moment turns someone's detach into a deferred one.
 func Scan() ([]*Device, error) {
 	buf := make([]byte, 4096)
 	var devs []*Device
@@ -424,6 +473,12 @@ func Scan() ([]*Device, error) {
 				dev.BlockSize = uint32(bs)
 			}
 		}
+		if v, ok := readSysString(sys+"/loop/offset", buf); ok {
+			dev.Offset, _ = strconv.ParseUint(v, 10, 64)
+		}
+		if v, ok := readSysString(sys+"/loop/sizelimit", buf); ok {
+			dev.SizeLimit, _ = strconv.ParseUint(v, 10, 64)
+		}
 		devs = append(devs, dev)
 		return nil
 	})
@@ -433,33 +488,27 @@ func Scan() ([]*Device, error) {
 	return devs, nil
 }
 
-// Find returns the device bound to the file with identity id, or
-// ErrNotAttached. If several are (someone else attached it too), the lowest
-// numbered one is returned.
-func Find(id FileID) (*Device, error) {
-	devs, err := FindAll(id)
-	if err != nil {
-		return nil, err
-	}
-	if len(devs) == 0 {
-		return nil, fmt.Errorf("find backing %d:%d: %w", id.Dev, id.Inode, ErrNotAttached)
-	}
-	return devs[0], nil
-}
-
-// FindAll returns every device bound to the file with identity id, lowest
-// number first; none is not an error.
+// Bound returns, for each of the files ids, every device bound to it,
+// lowest number first, with its full state read by ioctl (tag, offset,
+// size limit: what Owner.Check needs). Devices of other files are not in
+// the map; a file with no device has no entry. Whether a device is the
+// caller's is for the caller to prove: Bound also returns devices someone
+// else bound to the same file.
 //
 // Opening every bound device for LOOP_GET_STATUS64 costs a block-device
 // open and close each, so the scan first stats the path sysfs reports as
 // each device's backing file and asks the kernel only about devices whose
-// path has the identity sought, or cannot be resolved here (deleted, or
+// path has an identity sought, or cannot be resolved here (deleted, or
 // from another mount namespace). The ioctl stays the proof.
-func FindAll(id FileID) ([]*Device, error) {
-	var out []*Device
+func Bound(ids ...FileID) (map[FileID][]*Device, error) {
+	want := make(map[FileID]bool, len(ids))
+	for _, id := range ids {
+		want[id] = true
+	}
+	out := map[FileID][]*Device{}
 	err := eachBound(func(n int, path string) error {
 		var st unix.Stat_t
-		if unix.Stat(path, &st) == nil && (st.Dev != id.Dev || st.Ino != id.Inode) {
+		if unix.Stat(path, &st) == nil && !want[FileID{Dev: st.Dev, Inode: st.Ino}] {
 			return nil // bound to some other file
 		}
 		dev, err := Get(devicePath(n))
@@ -469,15 +518,17 @@ func FindAll(id FileID) ([]*Device, error) {
 		if err != nil {
 			return err
 		}
-		if dev.Backing == id {
-			out = append(out, dev)
+		if want[dev.Backing] {
+			out[dev.Backing] = append(out[dev.Backing], dev)
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("find backing %d:%d: %w", id.Dev, id.Inode, err)
+		return nil, fmt.Errorf("find loop devices: %w", err)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Number < out[j].Number })
+	for _, devs := range out {
+		sort.Slice(devs, func(i, j int) bool { return devs[i].Number < devs[j].Number })
+	}
 	return out, nil
 }
 
@@ -508,7 +559,7 @@ func Busy(path string) error {
 	if len(users) == 0 {
 		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_EXCL|unix.O_CLOEXEC, 0)
 		if errors.Is(err, unix.EBUSY) {
-			users = append(users, "an exclusive claim (mount or device mapper)")
+			users = append(users, "an exclusive open (a mount in another mount namespace, a running mkfs or fsck, or device-mapper)")
 		} else if err == nil {
 			unix.Close(fd)
 		}
@@ -528,12 +579,12 @@ func Busy(path string) error {
 	return fmt.Errorf("%s: %w by %s", path, ErrBusy, strings.Join(holders, ", "))
 }
 
-// Detach unbinds path, but only if it is bound to the file with identity
-// owner. A device that is mounted, held by another device or opened
+// Detach unbinds path, but only if it is provably owner's (Owner.Check).
+// A device that is mounted, held by another device or opened
 // exclusively is refused with ErrBusy and left as it is. If another process
 // merely has it open, the kernel defers the detach until that process closes
 // it; Detach then returns ErrDeferred naming who holds it.
-func Detach(path string, owner FileID) error {
+func Detach(path string, owner Owner) error {
 	n, err := parseNumber(path)
 	if err != nil {
 		return err
@@ -545,7 +596,7 @@ func Detach(path string, owner FileID) error {
 	// partitions) is mounted or claimed, without disturbing the holder.
 	fd, _, err := openBound(path, unix.O_RDONLY|unix.O_EXCL, &owner)
 	if errors.Is(err, unix.EBUSY) {
-		return fmt.Errorf("detach %s: %w (claimed exclusively by a mount or another device)", path, ErrBusy)
+		return fmt.Errorf("detach %s: %w (opened exclusively: a mount in another mount namespace, a running mkfs or fsck, or another device)", path, ErrBusy)
 	}
 	if err != nil {
 		return fmt.Errorf("detach %s: %w", path, err)
@@ -572,12 +623,12 @@ func Detach(path string, owner FileID) error {
 		if err != nil {
 			return fmt.Errorf("detach %s: check: %w", path, err)
 		}
-		if after.Backing != owner {
+		if after.Backing != owner.ID {
 			return nil // detached and already reused by someone else
 		}
 		time.Sleep(deferredPoll)
 	}
-	if after.Backing == owner {
+	if after.Backing == owner.ID {
 		holders := openers(n)
 		who := "another process"
 		if len(holders) > 0 {
@@ -595,11 +646,11 @@ const (
 	deferredPoll = 10 * time.Millisecond
 )
 
-// KeepBound makes sure a device found bound to owner stays bound: a detach
+// KeepBound makes sure a device proven owner's stays bound: a detach
 // that the kernel deferred (autoclear set because someone held the device
 // open) is cancelled by clearing autoclear. It returns ErrNotAttached if the
 // device is already being torn down, so the caller binds a new one.
-func KeepBound(path string, owner FileID) (*Device, error) {
+func KeepBound(path string, owner Owner) (*Device, error) {
 	fd, dev, err := openBound(path, unix.O_RDONLY, &owner)
 	if err != nil {
 		return nil, fmt.Errorf("keep %s bound: %w", path, err)
@@ -622,16 +673,32 @@ func KeepBound(path string, owner FileID) (*Device, error) {
 	return status(fd, dev.Number)
 }
 
-// Hold opens the device after proving it is bound to owner and keeps it
-// open until release is called. While held, a LOOP_CLR_FD by anyone is only
-// deferred, so the device number cannot be rebound to another file under a
-// program (mkfs, resize2fs, mount) that works on it by path.
-func Hold(path string, owner FileID) (release func(), err error) {
-	fd, _, err := openBound(path, unix.O_RDONLY, &owner)
+// Held is a loop device kept open after it was proven an owner's. While
+// it is open, a LOOP_CLR_FD by anyone is only deferred, so the device
+// number cannot be rebound to another file under a program (mkfs,
+// resize2fs, mount) that works on it by path. The holder must Close it;
+// Close is safe to call more than once.
+type Held struct {
+	Device *Device
+	fd     int
+	once   sync.Once
+}
+
+// Hold opens the device at path, proves it is owner's and keeps it open
+// until Close.
+func Hold(path string, owner Owner) (*Held, error) {
+	fd, dev, err := openBound(path, unix.O_RDONLY, &owner)
 	if err != nil {
 		return nil, fmt.Errorf("hold %s: %w", path, err)
 	}
-	return sync.OnceFunc(func() { unix.Close(fd) }), nil
+	return &Held{Device: dev, fd: fd}, nil
+}
+
+// Close releases the device.
+func (h *Held) Close() error {
+	var err error
+	h.once.Do(func() { err = unix.Close(h.fd) })
+	return err
 }
 
 // openDevice opens /dev/loopN. Where /dev is not devtmpfs (some
@@ -715,8 +782,8 @@ func mknodFromSysfs(n int) error {
 }
 
 // SetCapacity makes the kernel re-read the size of the backing file of the
-// device, after the file was grown. owner is checked first, as in Detach.
-func SetCapacity(path string, owner FileID) error {
+// device, after the file was grown. owner is proven first, as in Detach.
+func SetCapacity(path string, owner Owner) error {
 	fd, _, err := openBound(path, unix.O_RDONLY, &owner)
 	if err != nil {
 		return fmt.Errorf("set capacity %s: %w", path, err)

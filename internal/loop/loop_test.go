@@ -24,23 +24,36 @@ func backingFile(t *testing.T, size int64) (string, FileID) {
 	if err := f.Truncate(size); err != nil {
 		t.Fatal(err)
 	}
+	id, err := FileIDOfFD(int(f.Fd()))
 	f.Close()
-	id, err := FileIDOf(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return path, id
 }
 
+// openFD opens path read-write for Attach; closed at cleanup.
+func openFD(t *testing.T, path string) int {
+	t.Helper()
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return fd
+}
+
+// ownerOf is the proof of ownership of a device this test bound.
+func ownerOf(d *Device) Owner { return Owner{ID: d.Backing, Tag: d.Tag, ReadOnly: d.ReadOnly()} }
+
 func attach(t *testing.T, path string, opts AttachOptions) *Device {
 	t.Helper()
-	dev, err := Attach(path, opts)
+	dev, err := Attach(openFD(t, path), opts)
 	if err != nil {
 		t.Fatalf("Attach: %v", err)
 	}
 	t.Cleanup(func() {
-		id, _ := FileIDOf(path)
-		if err := Detach(dev.Path, id); err != nil && !errors.Is(err, ErrNotAttached) && !errors.Is(err, ErrNotOwned) {
+		if err := Detach(dev.Path, ownerOf(dev)); err != nil && !errors.Is(err, ErrNotAttached) && !errors.Is(err, ErrNotOwned) {
 			t.Errorf("cleanup detach %s: %v", dev.Path, err)
 		}
 	})
@@ -60,9 +73,9 @@ func TestAttachFindDetach(t *testing.T) {
 	if dev.Tag != "sparsevol:test" {
 		t.Fatalf("tag = %q", dev.Tag)
 	}
-	found, err := Find(id)
-	if err != nil || found.Path != dev.Path {
-		t.Fatalf("Find = %v, %v; want %s", found, err, dev.Path)
+	found, err := Bound(id)
+	if err != nil || len(found[id]) != 1 || found[id][0].Path != dev.Path || found[id][0].Tag != dev.Tag {
+		t.Fatalf("Bound = %v, %v; want %s", found, err, dev.Path)
 	}
 	size, err := Size(dev.Path)
 	if err != nil || size != 64<<20 {
@@ -70,21 +83,24 @@ func TestAttachFindDetach(t *testing.T) {
 	}
 	// Detaching with the identity of another file must not touch it.
 	_, other := backingFile(t, 1<<20)
-	if err := Detach(dev.Path, other); !errors.Is(err, ErrNotOwned) {
+	if err := Detach(dev.Path, Owner{ID: other, Tag: dev.Tag}); !errors.Is(err, ErrNotOwned) {
 		t.Fatalf("Detach(other owner) = %v, want ErrNotOwned", err)
+	}
+	if err := Detach(dev.Path, Owner{ID: id, Tag: "sparsevol:other"}); !errors.Is(err, ErrNotOwned) {
+		t.Fatalf("Detach(other tag) = %v, want ErrNotOwned", err)
 	}
 	if _, err := Get(dev.Path); err != nil {
 		t.Fatalf("device gone after refused detach: %v", err)
 	}
-	if err := Detach(dev.Path, id); err != nil {
+	if err := Detach(dev.Path, ownerOf(dev)); err != nil {
 		t.Fatalf("Detach: %v", err)
 	}
-	if _, err := Find(id); !errors.Is(err, ErrNotAttached) {
-		t.Fatalf("Find after detach = %v, want ErrNotAttached", err)
+	if found, err := Bound(id); err != nil || len(found) != 0 {
+		t.Fatalf("Bound after detach = %v, %v, want none", found, err)
 	}
 	// The number may already serve another file (tests of other packages
 	// run at the same time): then it must be left alone.
-	if err := Detach(dev.Path, id); !errors.Is(err, ErrNotAttached) && !errors.Is(err, ErrNotOwned) {
+	if err := Detach(dev.Path, ownerOf(dev)); !errors.Is(err, ErrNotAttached) && !errors.Is(err, ErrNotOwned) {
 		t.Fatalf("second Detach = %v, want ErrNotAttached or ErrNotOwned", err)
 	}
 }
@@ -121,7 +137,7 @@ func TestAttachFlags(t *testing.T) {
 
 func TestDetachRefusesMounted(t *testing.T) {
 	testutil.RequireRoot(t)
-	path, id := backingFile(t, 64<<20)
+	path, _ := backingFile(t, 64<<20)
 	dev := attach(t, path, AttachOptions{})
 	if out, err := exec.Command("mkfs.ext4", "-q", dev.Path).CombinedOutput(); err != nil {
 		t.Fatalf("mkfs: %v: %s", err, out)
@@ -130,7 +146,7 @@ func TestDetachRefusesMounted(t *testing.T) {
 	if err := unix.Mount(dev.Path, mnt, "ext4", 0, ""); err != nil {
 		t.Fatal(err)
 	}
-	err := Detach(dev.Path, id)
+	err := Detach(dev.Path, ownerOf(dev))
 	unix.Unmount(mnt, 0)
 	if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), mnt) {
 		t.Fatalf("Detach of mounted device = %v, want ErrBusy naming %s", err, mnt)
@@ -148,7 +164,7 @@ func TestDetachDeferredWhenOpen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = Detach(dev.Path, id)
+	err = Detach(dev.Path, ownerOf(dev))
 	if !errors.Is(err, ErrDeferred) {
 		f.Close()
 		t.Fatalf("Detach while open = %v, want ErrDeferred", err)
@@ -159,16 +175,16 @@ func TestDetachDeferredWhenOpen(t *testing.T) {
 
 func TestSetCapacity(t *testing.T) {
 	testutil.RequireRoot(t)
-	path, id := backingFile(t, 16<<20)
+	path, _ := backingFile(t, 16<<20)
 	dev := attach(t, path, AttachOptions{})
 	if err := os.Truncate(path, 32<<20); err != nil {
 		t.Fatal(err)
 	}
 	_, other := backingFile(t, 1<<20)
-	if err := SetCapacity(dev.Path, other); !errors.Is(err, ErrNotOwned) {
+	if err := SetCapacity(dev.Path, Owner{ID: other}); !errors.Is(err, ErrNotOwned) {
 		t.Fatalf("SetCapacity(other) = %v", err)
 	}
-	if err := SetCapacity(dev.Path, id); err != nil {
+	if err := SetCapacity(dev.Path, ownerOf(dev)); err != nil {
 		t.Fatal(err)
 	}
 	if size, _ := Size(dev.Path); size != 32<<20 {
@@ -245,7 +261,7 @@ func TestConcurrentAttachWithForeignTools(t *testing.T) {
 	for i := 0; i < ours; i++ {
 		path, _ := backingFile(t, 1<<20)
 		go func() {
-			dev, err := Attach(path, AttachOptions{Tag: "sparsevol:concurrency"})
+			dev, err := Attach(openFD(t, path), AttachOptions{Tag: "sparsevol:concurrency"})
 			results <- res{dev, err}
 		}()
 	}
@@ -260,8 +276,7 @@ func TestConcurrentAttachWithForeignTools(t *testing.T) {
 			t.Errorf("device %s handed out twice", r.dev.Path)
 		}
 		seen[r.dev.Path] = true
-		id := r.dev.Backing
-		t.Cleanup(func() { Detach(r.dev.Path, id) })
+		t.Cleanup(func() { Detach(r.dev.Path, ownerOf(r.dev)) })
 	}
 	for i := 0; i < theirs; i++ {
 		if dev := <-foreign; dev != "" {
@@ -283,11 +298,11 @@ func TestKeepBoundCancelsDeferredDetach(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := Detach(dev.Path, id); !errors.Is(err, ErrDeferred) {
+	if err := Detach(dev.Path, ownerOf(dev)); !errors.Is(err, ErrDeferred) {
 		f.Close()
 		t.Fatalf("Detach while open = %v, want ErrDeferred", err)
 	}
-	kept, err := KeepBound(dev.Path, id)
+	kept, err := KeepBound(dev.Path, ownerOf(dev))
 	if err != nil || kept.Autoclear() {
 		f.Close()
 		t.Fatalf("KeepBound = %+v, %v", kept, err)
@@ -297,7 +312,7 @@ func TestKeepBoundCancelsDeferredDetach(t *testing.T) {
 		t.Fatalf("device gone after last close although kept: %v", err)
 	}
 	_, other := backingFile(t, 1<<20)
-	if _, err := KeepBound(dev.Path, other); !errors.Is(err, ErrNotOwned) {
+	if _, err := KeepBound(dev.Path, Owner{ID: other}); !errors.Is(err, ErrNotOwned) {
 		t.Fatalf("KeepBound(other) = %v", err)
 	}
 }
@@ -307,19 +322,20 @@ func TestHold(t *testing.T) {
 	path, id := backingFile(t, 16<<20)
 	dev := attach(t, path, AttachOptions{})
 	_, other := backingFile(t, 1<<20)
-	if _, err := Hold(dev.Path, other); !errors.Is(err, ErrNotOwned) {
+	if _, err := Hold(dev.Path, Owner{ID: other}); !errors.Is(err, ErrNotOwned) {
 		t.Fatalf("Hold(other) = %v", err)
 	}
-	release, err := Hold(dev.Path, id)
+	held, err := Hold(dev.Path, ownerOf(dev))
 	if err != nil {
 		t.Fatal(err)
 	}
 	// While held, a detach is only deferred: the number cannot be reused.
-	if err := Detach(dev.Path, id); !errors.Is(err, ErrDeferred) {
-		release()
+	if err := Detach(dev.Path, ownerOf(dev)); !errors.Is(err, ErrDeferred) {
+		held.Close()
 		t.Fatalf("Detach while held = %v, want ErrDeferred", err)
 	}
-	release()
+	held.Close()
+	held.Close() // a second Close must not close a reused fd number
 	assertNotBoundTo(t, dev.Path, id)
 }
 
@@ -395,7 +411,7 @@ func TestBindLeavesUdevWatchQuiet(t *testing.T) {
 	saved := UdevRunning
 	UdevRunning = func() bool { return true }
 	t.Cleanup(func() { UdevRunning = saved })
-	path, _ := backingFile(t, 4<<20)
+	path, want := backingFile(t, 4<<20)
 	control, err := lockControl()
 	if err != nil {
 		t.Fatal(err)
@@ -415,18 +431,12 @@ func TestBindLeavesUdevWatchQuiet(t *testing.T) {
 		unix.Close(control)
 		t.Fatal(err)
 	}
-	backing, want, err := openBacking(AttachRequest{Path: path})
-	if err != nil {
-		unix.Close(control)
-		t.Fatal(err)
-	}
-	dev, err := bindNumber(n, backing, want, AttachOptions{})
-	unix.Close(backing)
+	dev, err := bindNumber(n, openFD(t, path), want, AttachOptions{})
 	unix.Close(control)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = Detach(dev.Path, want) })
+	t.Cleanup(func() { _ = Detach(dev.Path, ownerOf(dev)) })
 
 	closeWrites := func() int {
 		buf := make([]byte, 4096)
@@ -458,5 +468,86 @@ func TestBindLeavesUdevWatchQuiet(t *testing.T) {
 	unix.Close(fd)
 	if got := closeWrites(); got != 1 {
 		t.Fatalf("the watch saw %d close-after-write events of a plain open, want 1", got)
+	}
+}
+
+// TestOwnerCheck: a device someone else bound to the volume's own file is
+// not ours however much it looks like it: another window of the file
+// (offset, size limit), read-only, or without our tag. Each is refused by
+// every operation that changes a device, and left as it was.
+func TestOwnerCheck(t *testing.T) {
+	testutil.RequireRoot(t)
+	const tag = "sparsevol:owner-check"
+	tests := []struct {
+		name    string
+		losetup []string // foreign binding of the file
+		tag     string   // what the owner proves
+	}{
+		{"offset", []string{"-o", "1048576"}, ""},
+		{"size limit", []string{"--sizelimit", "8388608"}, ""},
+		{"read-only", []string{"-r"}, ""},
+		{"untagged", nil, ""},
+		{"our tag but offset", []string{"-o", "33554432"}, tag},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path, id := backingFile(t, 64<<20)
+			out, err := exec.Command("losetup", append(append([]string{"--find", "--show"}, tt.losetup...), path)...).Output()
+			if err != nil {
+				t.Fatalf("losetup: %v", err)
+			}
+			foreign := strings.TrimSpace(string(out))
+			t.Cleanup(func() { exec.Command("losetup", "-d", foreign).Run() })
+			if tt.tag != "" {
+				// Forge our tag onto the foreign window: the window must
+				// still not pass.
+				fd, err := unix.Open(foreign, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				info, err := unix.IoctlLoopGetStatus64(fd)
+				if err == nil {
+					info.File_name = [unix.LO_NAME_SIZE]uint8{}
+					copy(info.File_name[:], tt.tag)
+					err = unix.IoctlLoopSetStatus64(fd, info)
+				}
+				unix.Close(fd)
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			owner := Owner{ID: id, Tag: tag}
+			before, err := Get(foreign)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := owner.Check(before); !errors.Is(err, ErrNotOwned) {
+				t.Fatalf("Check(%+v) = %v, want ErrNotOwned", before, err)
+			}
+			found, err := Bound(id)
+			if err != nil || len(found[id]) != 1 || found[id][0].Path != foreign {
+				t.Fatalf("Bound = %v, %v; want the foreign %s (callers prove, Bound reports)", found, err, foreign)
+			}
+			for op, fn := range map[string]func() error{
+				"Detach":      func() error { return Detach(foreign, owner) },
+				"SetCapacity": func() error { return SetCapacity(foreign, owner) },
+				"KeepBound":   func() error { _, err := KeepBound(foreign, owner); return err },
+				"Hold": func() error {
+					h, err := Hold(foreign, owner)
+					if err == nil {
+						h.Close()
+					}
+					return err
+				},
+			} {
+				if err := fn(); !errors.Is(err, ErrNotOwned) {
+					t.Errorf("%s of a foreign window = %v, want ErrNotOwned", op, err)
+				}
+			}
+			after, err := Get(foreign)
+			if err != nil || *after != *before {
+				t.Fatalf("foreign device changed: %+v, %v; was %+v", after, err, before)
+			}
+		})
 	}
 }
