@@ -61,9 +61,9 @@ func BenchmarkAttachDetach200(b *testing.B) {
 		files = append(files, v.BackingFile)
 	}
 	b.Cleanup(func() {
-		s.DetachAll(ctx)
+		s.DetachAll(ctx, volume.DetachOptions{})
 		for _, u := range uuids {
-			s.Delete(ctx, u)
+			s.Delete(ctx, u, volume.DetachOptions{})
 		}
 	})
 	timeIt := func(f func()) time.Duration {
@@ -99,7 +99,7 @@ func BenchmarkAttachDetach200(b *testing.B) {
 		})
 		callDetach := timeIt(func() {
 			for _, u := range uuids {
-				if err := s.Detach(ctx, u); err != nil {
+				if err := s.Detach(ctx, u, volume.DetachOptions{}); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -110,7 +110,7 @@ func BenchmarkAttachDetach200(b *testing.B) {
 			}
 		})
 		batchDetach := timeIt(func() {
-			if err := s.DetachAll(ctx); err != nil {
+			if err := s.DetachAll(ctx, volume.DetachOptions{}); err != nil {
 				b.Fatal(err)
 			}
 		})
@@ -144,7 +144,7 @@ func BenchmarkCreate1GiB(b *testing.B) {
 						b.Fatal(err)
 					}
 					times = append(times, time.Since(start))
-					if err := s.Delete(ctx, name); err != nil {
+					if err := s.Delete(ctx, name, volume.DetachOptions{}); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -172,7 +172,7 @@ func BenchmarkAttachAllRSS(b *testing.B) {
 	b.Cleanup(func() {
 		vols, _ := s.List()
 		for _, v := range vols {
-			s.Delete(ctx, v.UUID)
+			s.Delete(ctx, v.UUID, volume.DetachOptions{})
 		}
 	})
 	for range b.N {
@@ -188,7 +188,7 @@ func BenchmarkAttachAllRSS(b *testing.B) {
 		b.ReportMetric(float64(wall.Milliseconds()), "attach-all-ms")
 		devs, _ := loop.List()
 		fmt.Printf("attach --all of %d volumes (process): %v, peak RSS %.1f MiB, %d loop devices bound\n", n, wall.Round(time.Millisecond), float64(rss)/1024, len(devs))
-		if err := s.DetachAll(ctx); err != nil {
+		if err := s.DetachAll(ctx, volume.DetachOptions{}); err != nil {
 			b.Fatal(err)
 		}
 	}

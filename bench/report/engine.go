@@ -48,9 +48,9 @@ func runAttach(ctx context.Context, c *config, r *report) error {
 	var files []string
 	var uuids []string
 	defer func() {
-		s.DetachAll(ctx)
+		s.DetachAll(ctx, volume.DetachOptions{})
 		for _, u := range uuids {
-			s.Delete(ctx, u)
+			s.Delete(ctx, u, volume.DetachOptions{})
 		}
 	}()
 	createStart := time.Now()
@@ -163,7 +163,7 @@ func runAttach(ctx context.Context, c *config, r *report) error {
 	}
 	callDetach, err := timeIt(func() error {
 		for _, u := range uuids {
-			if err := s.Detach(ctx, u); err != nil {
+			if err := s.Detach(ctx, u, volume.DetachOptions{}); err != nil {
 				return err
 			}
 		}
@@ -218,7 +218,7 @@ func runCreate(ctx context.Context, c *config, r *report) error {
 				return err
 			}
 			ours = append(ours, d)
-			if err := s.Delete(ctx, name); err != nil {
+			if err := s.Delete(ctx, name, volume.DetachOptions{}); err != nil {
 				return err
 			}
 			img := filepath.Join(c.dir, "hand-"+name)
@@ -282,7 +282,7 @@ func runSpace(ctx context.Context, c *config, r *report) error {
 	if err != nil {
 		return err
 	}
-	defer func() { s.Detach(ctx, v.UUID); s.Delete(ctx, v.UUID) }()
+	defer func() { s.Detach(ctx, v.UUID, volume.DetachOptions{}); s.Delete(ctx, v.UUID, volume.DetachOptions{}) }()
 	st, err := s.Status(v.UUID)
 	if err != nil {
 		return err

@@ -284,18 +284,18 @@ func partitionSupport(dir string) finding {
 		return finding{"WARN", check, "cannot test: " + err.Error(), ""}
 	}
 	defer os.Remove(f.Name())
+	defer f.Close()
 	f.Truncate(4 << 20)
-	f.Close()
 	if err := exec.Command("sgdisk", "--new=1:0:0", f.Name()).Run(); err != nil {
 		return finding{"WARN", check, "cannot test: sgdisk: " + err.Error(), ""}
 	}
-	dev, err := loop.Attach(f.Name(), loop.AttachOptions{Partscan: true, Tag: "sparsevol:doctor"})
+	opts := loop.AttachOptions{Partscan: true, Tag: "sparsevol:doctor"}
+	dev, err := loop.Attach(int(f.Fd()), opts)
 	if err != nil {
 		return finding{"WARN", check, "cannot test: " + err.Error(), ""}
 	}
-	id, _ := loop.FileIDOf(f.Name())
 	parts, _ := loop.Partitions(dev.Path)
-	loop.Detach(dev.Path, id)
+	loop.Detach(dev.Path, loop.Owner{ID: dev.Backing, Tag: opts.Tag})
 	if len(parts) == 0 {
 		return finding{"WARN", check, "the kernel shows no partitions on loop devices: partitioned block volumes have no /dev/disk/by-partuuid link here",
 			"use --mode block --no-partition, or a kernel with partition support (CONFIG_BLK_DEV_LOOP, partscan)"}

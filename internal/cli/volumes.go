@@ -163,9 +163,9 @@ This is the unit's ExecStop.`,
 				return err
 			}
 			if all {
-				return s.DetachAll(cmd.Context())
+				return s.DetachAll(cmd.Context(), volume.DetachOptions{})
 			}
-			return eachVolume(s, args, func(ref string) error { return s.Detach(cmd.Context(), ref) })
+			return eachVolume(s, args, func(ref string) error { return s.Detach(cmd.Context(), ref, volume.DetachOptions{}) })
 		},
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "detach every volume of the store")
@@ -182,7 +182,7 @@ func newDeleteCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return eachVolume(s, args, func(ref string) error { return s.Delete(cmd.Context(), ref) })
+			return eachVolume(s, args, func(ref string) error { return s.Delete(cmd.Context(), ref, volume.DetachOptions{}) })
 		},
 	}
 }

@@ -386,7 +386,7 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is still staged (attached to %s, mounted at %v); unstage it first",
 			id, st.Device, st.MountPoints)
 	}
-	if err := d.store.Delete(ctx, id); err != nil && !errors.Is(err, volume.ErrNotFound) {
+	if err := d.store.Delete(ctx, id, volume.DetachOptions{}); err != nil && !errors.Is(err, volume.ErrNotFound) {
 		return nil, toStatus(err)
 	}
 	return &csi.DeleteVolumeResponse{}, nil

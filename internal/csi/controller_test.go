@@ -409,7 +409,7 @@ func TestControllerRules(t *testing.T) {
 			t.Logf("metrics:\n%s", body)
 		}
 	})
-	if err := e.store.Delete(ctx, nodeVol.UUID); err != nil {
+	if err := e.store.Delete(ctx, nodeVol.UUID, volume.DetachOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }

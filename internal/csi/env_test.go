@@ -172,7 +172,7 @@ func (e *testEnv) cleanup(t testing.TB) {
 	}
 	unmountBelow(t, e.dir, e.tmpfs)
 	for _, v := range vols {
-		if err := e.store.Delete(context.Background(), v.UUID); err != nil && !errors.Is(err, volume.ErrNotFound) {
+		if err := e.store.Delete(context.Background(), v.UUID, volume.DetachOptions{}); err != nil && !errors.Is(err, volume.ErrNotFound) {
 			t.Errorf("cleanup: delete %s: %v", v.Name, err)
 		}
 	}

@@ -5,36 +5,45 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sparsevol/sparsevol/internal/loop"
 )
 
-// Adopt registers existing sparse files in place, without moving or
-// rewriting any data: a file holding ext4 or XFS becomes a filesystem
-// volume whose UUID is the filesystem UUID, a file holding a GPT with one
-// partition becomes a partitioned block volume whose UUID is the partition
-// GUID. If dir is not empty, every path must lie inside it (after resolving
-// symlinks); with no paths, every regular file in dir is a candidate.
+// Adopt registers existing sparse files without rewriting any data: a file
+// holding ext4 or XFS becomes a filesystem volume whose UUID is the
+// filesystem UUID, a file holding a GPT with one partition becomes a
+// partitioned block volume whose UUID is the partition GUID. Each file is
+// moved to <root>/<uuid> by rename(2) (the same inode: nothing is copied),
+// so it must lie on the store's filesystem; a file already at <root>/<uuid>
+// stays where it is. If dir is not empty, every path must lie inside it;
+// with no paths, every regular file in dir is a candidate.
 //
-// All candidates are checked before any is registered: one bad file
-// rejects the whole call and nothing changes. Files already registered are
-// returned as they are (adopt is idempotent).
+// The files are an operator's pointing, so they are checked as hostile: a
+// symlink, a file with more than one link, a file some loop device is
+// bound to, or a file in another store's directory is refused with
+// ErrInvalid. All candidates are checked before any is registered: one bad
+// file rejects the whole call and nothing changes. Files already
+// registered are returned as they are (adopt is idempotent).
 func (s *Store) Adopt(ctx context.Context, paths []string, dir string) ([]*Volume, error) {
 	if dir != "" {
-		resolved, err := filepath.EvalSymlinks(dir)
+		abs, err := filepath.Abs(dir)
 		if err != nil {
 			return nil, fmt.Errorf("adopt: directory %s: %w: %w", dir, err, ErrInvalid)
 		}
-		dir = resolved
+		dir = abs
 		if len(paths) == 0 {
 			entries, err := os.ReadDir(dir)
 			if err != nil {
-				return nil, fmt.Errorf("adopt: %w", err)
+				return nil, fmt.Errorf("adopt: %w: %w", err, ErrInvalid)
 			}
 			for _, e := range entries {
 				if e.Type().IsRegular() {
@@ -55,111 +64,218 @@ func (s *Store) Adopt(ctx context.Context, paths []string, dir string) ([]*Volum
 	if err != nil {
 		return nil, err
 	}
-	byFile := map[loop.FileID]*Volume{}
+	byUUID := map[string]*Volume{}
 	names := map[string]bool{}
-	uuids := map[string]bool{}
 	for _, v := range existing {
-		if id, err := loop.FileIDOf(v.BackingFile); err == nil {
-			byFile[id] = v
-		}
+		byUUID[v.UUID] = v
 		names[v.Name] = true
-		uuids[v.UUID] = true
 	}
 
-	var out, fresh []*Volume
+	var out []*Volume
+	var fresh []*candidate
+	defer func() {
+		for _, c := range fresh {
+			unix.Close(c.fd)
+		}
+	}()
 	for _, p := range paths {
-		v, err := s.probeForAdoption(ctx, p, dir)
+		if v := s.registered(p, byUUID); v != nil {
+			out = append(out, v)
+			continue
+		}
+		c, err := s.probeForAdoption(ctx, p, dir)
 		if err != nil {
 			return nil, fmt.Errorf("adopt %s: %w", p, err)
 		}
-		if id, _ := loop.FileIDOf(v.BackingFile); byFile[id] != nil {
-			out = append(out, byFile[id])
-			continue
-		}
-		if uuids[v.UUID] {
+		fresh = append(fresh, c)
+		v := c.v
+		if byUUID[v.UUID] != nil {
 			return nil, fmt.Errorf("adopt %s: uuid %s is already a volume of this store: %w", p, v.UUID, ErrExists)
 		}
+		if err := LinkedElsewhere(v.UUID); err != nil {
+			return nil, fmt.Errorf("adopt %s: %w", p, err)
+		}
 		if names[v.Name] {
-			v.Name = v.UUID
+			v.Name = adoptedName(v.UUID)
 		}
 		if names[v.Name] {
 			return nil, fmt.Errorf("adopt %s: name %s is taken: %w", p, v.Name, ErrExists)
 		}
-		names[v.Name], uuids[v.UUID] = true, true
-		fresh = append(fresh, v)
+		names[v.Name], byUUID[v.UUID] = true, v
 	}
-	for _, v := range fresh {
-		if err := s.writeMeta(v); err != nil {
+	for _, c := range fresh {
+		if err := s.moveIn(c); err != nil {
 			return nil, err
 		}
-		s.log.Info("volume adopted", "volume", v.Name, "uuid", v.UUID, "file", v.BackingFile)
-		out = append(out, v)
+		if err := s.writeMeta(c.v); err != nil {
+			return nil, err
+		}
+		s.log.Info("volume adopted", "volume", c.v.Name, "uuid", c.v.UUID, "from", c.path, "file", c.v.BackingFile)
+		out = append(out, c.v)
 	}
 	return out, nil
 }
 
-func (s *Store) probeForAdoption(ctx context.Context, path, dir string) (*Volume, error) {
+// candidate is a file that passed the adoption checks, held open (O_PATH)
+// so that what is moved in can be proven to be what was checked.
+type candidate struct {
+	v    *Volume
+	path string // absolute, as given
+	fd   int
+	id   loop.FileID
+}
+
+// registered returns the volume p already is: <root>/<uuid> of a volume.
+func (s *Store) registered(p string, byUUID map[string]*Volume) *Volume {
+	abs, err := filepath.Abs(p)
+	if err != nil || filepath.Dir(abs) != s.root {
+		return nil
+	}
+	return byUUID[filepath.Base(abs)]
+}
+
+// adoptedName names an adopted volume whose file name is no valid name,
+// or a taken one.
+func adoptedName(uuid string) string { return "adopted-" + uuid }
+
+func (s *Store) probeForAdoption(ctx context.Context, path, dir string) (*candidate, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", err, ErrInvalid)
 	}
-	resolved, err := filepath.EvalSymlinks(abs)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", err, ErrInvalid)
-	}
 	if dir != "" {
-		rel, err := filepath.Rel(dir, resolved)
+		rel, err := filepath.Rel(dir, abs)
 		if err != nil || rel == ".." || strings.HasPrefix(rel, "../") || filepath.IsAbs(rel) {
-			return nil, fmt.Errorf("%s lies outside %s: %w", resolved, dir, ErrInvalid)
+			return nil, fmt.Errorf("%s lies outside %s: %w", abs, dir, ErrInvalid)
 		}
 	}
-	fi, err := os.Stat(resolved)
+	if err := foreignStore(filepath.Dir(abs), filepath.Base(abs), s.root); err != nil {
+		return nil, err
+	}
+	// O_PATH|O_NOFOLLOW opens the name itself, whatever it is, with no
+	// side effect; what it is gets checked on that descriptor.
+	fd, err := unix.Open(abs, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", err, ErrInvalid)
+		return nil, fmt.Errorf("%w: %w", &os.PathError{Op: "open", Path: abs, Err: err}, ErrInvalid)
 	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file: %w", resolved, ErrInvalid)
+	c := &candidate{path: abs, fd: fd}
+	v, err := s.checkCandidate(ctx, c)
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
 	}
-	if fi.Size() < MiB || fi.Size()%512 != 0 {
-		return nil, fmt.Errorf("%s (%d bytes) is not a sparse volume: size not a multiple of 512 or below 1 MiB: %w", resolved, fi.Size(), ErrInvalid)
+	c.v = v
+	return c, nil
+}
+
+func (s *Store) checkCandidate(ctx context.Context, c *candidate) (*Volume, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(c.fd, &st); err != nil {
+		return nil, fmt.Errorf("stat %s: %w", c.path, err)
+	}
+	c.id = loop.FileID{Dev: st.Dev, Inode: st.Ino}
+	switch {
+	case st.Mode&unix.S_IFMT == unix.S_IFLNK:
+		return nil, fmt.Errorf("%s is a symbolic link; adopt the file itself: %w", c.path, ErrInvalid)
+	case st.Mode&unix.S_IFMT != unix.S_IFREG:
+		return nil, fmt.Errorf("%s is not a regular file: %w", c.path, ErrInvalid)
+	case st.Nlink != 1:
+		return nil, fmt.Errorf("%s has %d links; a volume's file has one (find the others with `find / -xdev -samefile %s`): %w", c.path, st.Nlink, c.path, ErrInvalid)
+	case st.Dev != s.dir.dev:
+		return nil, fmt.Errorf("%s is not on the store's filesystem, and adopt moves files by rename, never copying; adopt it into a store on its own filesystem (`sparsevol --root %s adopt ...`): %w",
+			c.path, filepath.Dir(c.path), ErrInvalid)
+	case st.Size < MiB || st.Size%512 != 0:
+		return nil, fmt.Errorf("%s (%d bytes) is not a sparse volume: size not a multiple of 512 or below 1 MiB: %w", c.path, st.Size, ErrInvalid)
+	}
+	bound, err := loop.Bound(c.id)
+	if err != nil {
+		return nil, err
+	}
+	if devs := bound[c.id]; len(devs) > 0 {
+		return nil, fmt.Errorf("%s is bound to %s (tag %q); stop what uses it and detach it first (`losetup -d %s`): %w",
+			c.path, devs[0].Path, devs[0].Tag, devs[0].Path, ErrInvalid)
 	}
 	v := &Volume{
-		Name:        filepath.Base(resolved),
-		SizeBytes:   fi.Size(),
-		BackingFile: resolved,
-		DirectIO:    *s.opts.DirectIO,
-		BlockSize:   512, // what losetup used when these files were made
-		Adopted:     true,
-		State:       StateReady,
-		Created:     fi.ModTime().UTC().Truncate(time.Second),
+		Name:      filepath.Base(c.path),
+		SizeBytes: st.Size,
+		DirectIO:  *s.opts.DirectIO,
+		BlockSize: 512, // what losetup used when these files were made
+		Adopted:   true,
+		State:     StateReady,
+		Created:   time.Unix(st.Mtim.Unix()).UTC().Truncate(time.Second),
 	}
-	if ValidateName(v.Name) != nil {
-		v.Name = ""
+	// blkid and sfdisk read the very inode checked, through this process's
+	// descriptor, not a path that could be swapped meanwhile.
+	probePath := "/proc/" + strconv.Itoa(os.Getpid()) + "/fd/" + strconv.Itoa(c.fd)
+	found, err := s.probe(ctx, probePath)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w: %w", c.path, err, ErrInvalid)
 	}
-	probe, err := s.run.run(ctx, "blkid", "--probe", "--output", "export", resolved)
-	if err != nil && len(probe) == 0 {
-		return nil, fmt.Errorf("%s holds no filesystem or partition table blkid knows (blkid: %v): %w", resolved, err, ErrInvalid)
-	}
-	tags := parseExport(probe)
 	switch {
-	case tags["TYPE"] == "ext4" || tags["TYPE"] == "xfs":
-		v.Mode, v.FSType, v.UUID = ModeFilesystem, tags["TYPE"], strings.ToLower(tags["UUID"])
-	case tags["PTTYPE"] == "gpt":
-		guid, err := s.singlePartitionGUID(ctx, resolved)
+	case found.Type == "ext4" || found.Type == "xfs":
+		v.Mode, v.FSType, v.UUID = ModeFilesystem, found.Type, found.UUID
+	case found.PTType == "gpt":
+		guid, err := s.singlePartitionGUID(ctx, probePath)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%s: %w", c.path, err)
 		}
 		v.Mode, v.Partitioned, v.UUID = ModeBlock, true, guid
 	default:
-		return nil, fmt.Errorf("%s is not a sparse volume: no ext4, xfs or GPT found: %w", resolved, ErrInvalid)
+		return nil, fmt.Errorf("%s is not a sparse volume: %s found, not ext4, xfs or GPT: %w", c.path, found, ErrInvalid)
 	}
 	if !ValidUUID(v.UUID) {
-		return nil, fmt.Errorf("%s: on-disk UUID %q is not a UUID: %w", resolved, v.UUID, ErrInvalid)
+		return nil, fmt.Errorf("%s: on-disk UUID %q is not a UUID: %w", c.path, v.UUID, ErrInvalid)
 	}
-	if v.Name == "" {
-		v.Name = v.UUID
+	if ValidateName(v.Name) != nil || ValidUUID(v.Name) {
+		v.Name = adoptedName(v.UUID)
 	}
+	v.BackingFile = s.backingPath(v.UUID)
 	return v, nil
+}
+
+// foreignStore refuses a file that belongs to a sparsevol store other than
+// root: its directory holds the store's lock directory or the file's
+// metadata.
+func foreignStore(dir, base, root string) error {
+	if dir == root {
+		return nil
+	}
+	for _, mark := range []string{lockDir, base + metaExt} {
+		if _, err := os.Lstat(filepath.Join(dir, mark)); err == nil {
+			return fmt.Errorf("%s belongs to the sparsevol store %s (it has %s); manage it there with --root %s: %w",
+				filepath.Join(dir, base), dir, mark, dir, ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// moveIn renames a checked candidate to <root>/<uuid> (unless it is there
+// already) and proves the name now holds the inode that was checked; a file
+// swapped under the old name in between is put back and refused.
+func (s *Store) moveIn(c *candidate) error {
+	uuid := c.v.UUID
+	dir, err := s.dirFD()
+	if err != nil {
+		return fmt.Errorf("adopt %s: %w", c.path, err)
+	}
+	defer unix.Close(dir)
+	if c.path != s.backingPath(uuid) {
+		err := unix.Renameat2(unix.AT_FDCWD, c.path, dir, uuid, unix.RENAME_NOREPLACE)
+		if err != nil {
+			return fmt.Errorf("adopt %s: move to %s: %w", c.path, s.backingPath(uuid), err)
+		}
+	}
+	st, err := s.statBacking(uuid)
+	if err == nil && (loop.FileID{Dev: st.Dev, Inode: st.Ino}) != c.id {
+		err = fmt.Errorf("%s was replaced while it was adopted: %w", c.path, ErrInvalid)
+	}
+	if err != nil {
+		if c.path != s.backingPath(uuid) {
+			_ = unix.Renameat2(dir, uuid, unix.AT_FDCWD, c.path, unix.RENAME_NOREPLACE)
+		}
+		return fmt.Errorf("adopt %s: %w", c.path, err)
+	}
+	return nil
 }
 
 func (s *Store) singlePartitionGUID(ctx context.Context, path string) (string, error) {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -21,33 +22,94 @@ import (
 // look at any loop device tell which volume it serves.
 func tag(uuid string) string { return "sparsevol:" + uuid }
 
-// attachDevice returns the loop device bound to v's backing file, binding
-// one if there is none. The caller holds v's lock, which is what makes
-// concurrent attaches of the same volume end with one device.
-func (s *Store) attachDevice(v *Volume) (*loop.Device, error) {
-	id, err := loop.FileIDOf(v.BackingFile)
-	if err != nil {
-		return nil, fmt.Errorf("attach %s: backing file: %w", v.Name, err)
+// devices sorts what is bound to v's backing file into v's own devices
+// (proven by v.owner: the file's identity, or the identity recorded at
+// attach when the file is gone or unsafe, and v's tag) and foreign ones,
+// which nothing of ours may touch. bound is loop.Bound of ids.
+func devicesOf(v *Volume, ids []loop.FileID, bound map[loop.FileID][]*loop.Device) (ours, foreign []*loop.Device) {
+	seen := map[string]bool{}
+	for _, id := range ids {
+		for _, d := range bound[id] {
+			if seen[d.Path] {
+				continue
+			}
+			seen[d.Path] = true
+			if v.owner(d.Backing).Check(d) == nil {
+				ours = append(ours, d)
+			} else {
+				foreign = append(foreign, d)
+			}
+		}
 	}
-	devs, err := loop.FindAll(id)
+	return ours, foreign
+}
+
+// backingIDs are the identities v's devices may be bound to: the backing
+// file's now (if it is there and safe) and the one recorded at attach
+// (the file may be gone, or replaced while a device held the old one).
+func (s *Store) backingIDs(v *Volume) []loop.FileID {
+	var ids []loop.FileID
+	if st, err := s.statBacking(v.UUID); err == nil {
+		ids = append(ids, loop.FileID{Dev: st.Dev, Inode: st.Ino})
+	}
+	if rec := v.backingID(); rec != (loop.FileID{}) && (len(ids) == 0 || ids[0] != rec) {
+		ids = append(ids, rec)
+	}
+	return ids
+}
+
+// foreignError refuses an operation on v because of devices someone else
+// bound to its backing file.
+func foreignError(op string, v *Volume, foreign []*loop.Device) error {
+	var paths, whys []string
+	for _, d := range foreign {
+		paths = append(paths, d.Path)
+		whys = append(whys, v.owner(d.Backing).Check(d).Error())
+	}
+	return fmt.Errorf("%s %s: %s also hold(s) its backing file and %s not ours (%s); find who uses it with `losetup -l %s` and detach it with `losetup -d` if nobody does: %w",
+		op, v.Name, strings.Join(paths, ", "), plural(len(paths), "is", "are"), strings.Join(whys, "; "), strings.Join(paths, " "), ErrUnsafe)
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// attachDevice returns v's loop device, binding one if there is none. The
+// caller holds v's lock, which is what makes concurrent attaches of the
+// same volume end with one device. A backing file that breaks the rules,
+// or that someone else bound, is refused with ErrUnsafe.
+func (s *Store) attachDevice(v *Volume) (*loop.Device, error) {
+	fd, id, err := s.openBacking(v.UUID, unix.O_RDWR)
 	if err != nil {
 		return nil, fmt.Errorf("attach %s: %w", v.Name, err)
 	}
-	for _, d := range devs {
-		if dev, err := s.keep(v, d, id); dev != nil || err != nil {
+	defer unix.Close(fd)
+	bound, err := loop.Bound(id)
+	if err != nil {
+		return nil, fmt.Errorf("attach %s: %w", v.Name, err)
+	}
+	ours, foreign := devicesOf(v, []loop.FileID{id}, bound)
+	if len(foreign) > 0 {
+		return nil, foreignError("attach", v, foreign)
+	}
+	for _, d := range ours {
+		if dev, err := s.keep(v, d); dev != nil || err != nil {
 			return dev, err
 		}
 	}
-	return s.bind(v)
+	return s.bind(v, fd)
 }
 
 // keep returns d if it stays bound to v's file, cancelling a detach the
 // kernel deferred; nil, nil if d is being torn down.
-func (s *Store) keep(v *Volume, d *loop.Device, id loop.FileID) (*loop.Device, error) {
+func (s *Store) keep(v *Volume, d *loop.Device) (*loop.Device, error) {
 	if !d.Autoclear() {
 		return d, nil
 	}
-	kept, err := loop.KeepBound(d.Path, id)
+	kept, err := loop.KeepBound(d.Path, v.owner(d.Backing))
 	switch {
 	case err == nil:
 		s.log.Info("cancelled a deferred detach", "volume", v.Name, "device", d.Path)
@@ -58,14 +120,10 @@ func (s *Store) keep(v *Volume, d *loop.Device, id loop.FileID) (*loop.Device, e
 	return nil, fmt.Errorf("attach %s: %w", v.Name, err)
 }
 
-func (s *Store) bind(v *Volume) (*loop.Device, error) {
-	s.keepThick(v) // trim.go: undo discards that punched holes into a thick volume
-	dev, err := loop.Attach(v.BackingFile, loop.AttachOptions{
-		Tag:       tag(v.UUID),
-		DirectIO:  v.DirectIO,
-		BlockSize: v.BlockSize,
-		Partscan:  v.Partitioned,
-	})
+// bind binds the open backing file fd (from openBacking) to a new device.
+func (s *Store) bind(v *Volume, fd int) (*loop.Device, error) {
+	s.keepThick(v, fd) // trim.go: undo discards that punched holes into a thick volume
+	dev, err := loop.Attach(fd, s.attachOptions(v))
 	if err != nil {
 		return nil, fmt.Errorf("attach %s: %w", v.Name, err)
 	}
@@ -74,6 +132,16 @@ func (s *Store) bind(v *Volume) (*loop.Device, error) {
 	}
 	s.log.Info("volume attached", "volume", v.Name, "uuid", v.UUID, "device", dev.Path, "directIO", dev.DirectIO())
 	return dev, nil
+}
+
+// attachOptions are how every device of v is bound.
+func (s *Store) attachOptions(v *Volume) loop.AttachOptions {
+	return loop.AttachOptions{
+		Tag:       tag(v.UUID),
+		DirectIO:  v.DirectIO,
+		BlockSize: v.BlockSize,
+		Partscan:  v.Partitioned,
+	}
 }
 
 // finishAttach publishes the /dev/sparsevol link, where udev runs waits
@@ -87,15 +155,49 @@ func (s *Store) finishAttach(ctx context.Context, v *Volume, dev *loop.Device) e
 }
 
 // publish points the volume's /dev/sparsevol link at its data device.
+// /dev/sparsevol is node-wide: a link that serves a device of another
+// volume with the same UUID (another store's) is refused, not taken over.
 func (s *Store) publish(v *Volume, dev *loop.Device) error {
 	data, err := dataDevice(v, dev)
 	if err != nil {
 		return fmt.Errorf("attach %s: %w", v.Name, err)
 	}
-	if data != "" {
-		if err := setLink(v.UUID, data); err != nil {
-			return fmt.Errorf("attach %s: %w", v.Name, err)
-		}
+	if data == "" {
+		return nil
+	}
+	if other := linkedDevice(v.UUID); other != nil && other.Path != dev.Path && v.owner(other.Backing).Check(other) != nil {
+		return fmt.Errorf("attach %s: %s serves %s, a device of another file (another store's volume with this UUID?); remove the link once that volume is detached: %w",
+			v.Name, linkPath(v.UUID), other.Path, ErrUnsafe)
+	}
+	if err := setLink(v.UUID, data); err != nil {
+		return fmt.Errorf("attach %s: %w", v.Name, err)
+	}
+	return nil
+}
+
+// linkedDevice returns the bound loop device /dev/sparsevol/<uuid> serves,
+// nil if there is no link or it serves no bound loop device (stale).
+func linkedDevice(uuid string) *loop.Device {
+	target, err := os.Readlink(linkPath(uuid))
+	if err != nil {
+		return nil
+	}
+	parent, err := loop.ParentOf(target)
+	if err != nil {
+		return nil
+	}
+	d, err := loop.Get(parent)
+	if err != nil {
+		return nil
+	}
+	return d
+}
+
+// LinkedElsewhere returns ErrExists if /dev/sparsevol/<uuid> serves a
+// bound device: the UUID is in use on this node, whatever the store.
+func LinkedElsewhere(uuid string) error {
+	if d := linkedDevice(uuid); d != nil {
+		return fmt.Errorf("uuid %s is in use on this node: %s serves %s (tagged %q): %w", uuid, linkPath(uuid), d.Path, d.Tag, ErrExists)
 	}
 	return nil
 }
@@ -208,32 +310,24 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 		return nil, errors.Join(append(errs, err)...)
 	}
 	defer unlockAll(locked)
-	devs, err := loop.Scan()
-	if err != nil {
-		return nil, err
-	}
 	// Add the devices the binds below will need while the metadata is
 	// read, so udev handles their "add" while they are empty (see
 	// loop.Reserve). Every bound device counts as one of ours: a foreign
 	// one can only make this reserve too few; volumes that turn out not
 	// ready, too many (spare empty devices, as losetup leaves).
-	if need := len(locked) - len(devs); need > 0 {
-		if _, err := loop.Reserve(need); err != nil {
+	if scanned, err := loop.Scan(); err == nil && len(locked) > len(scanned) {
+		if _, err := loop.Reserve(len(locked) - len(scanned)); err != nil {
 			s.log.Warn("reserving loop devices", "err", err) // the binds add their own
-		}
-	}
-	byFile := make(map[loop.FileID]*loop.Device, len(devs))
-	for _, d := range devs {
-		if _, seen := byFile[d.Backing]; !seen {
-			byFile[d.Backing] = d
 		}
 	}
 	attached := make(map[*Volume]*loop.Device)
 	var unbound []*Volume
 	// Re-read under the lock (another process may have changed it), and
-	// stat the files, on every core: a thousand JSON documents at boot.
+	// open the files, on every core: a thousand JSON documents at boot.
+	// The fds are closed once the binds hold their own references.
 	type read struct {
 		v     *Volume
+		fd    int
 		id    loop.FileID
 		err   error
 		idErr error
@@ -241,10 +335,29 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 	reads := make([]read, len(locked))
 	parallel(len(locked), publishWorkers, func(i int) {
 		r := &reads[i]
+		r.fd = -1
 		if r.v, r.err = s.readMeta(locked[i].uuid); r.err == nil && r.v.State == StateReady {
-			r.id, r.idErr = loop.FileIDOf(r.v.BackingFile)
+			r.fd, r.id, r.idErr = s.openBacking(r.v.UUID, unix.O_RDWR)
 		}
 	})
+	defer func() {
+		for _, r := range reads {
+			if r.fd >= 0 {
+				unix.Close(r.fd)
+			}
+		}
+	}()
+	ids := make([]loop.FileID, 0, len(reads))
+	for _, r := range reads {
+		if r.err == nil && r.idErr == nil && r.fd >= 0 {
+			ids = append(ids, r.id)
+		}
+	}
+	bound, err := loop.Bound(ids...)
+	if err != nil {
+		return nil, err
+	}
+	fds := map[*Volume]int{}
 	for _, r := range reads {
 		v, err := r.v, r.err
 		if errors.Is(err, ErrNotFound) && uuids == nil {
@@ -270,10 +383,17 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 				errs = append(errs, err)
 			}
 		}
+		ours, foreign := devicesOf(v, []loop.FileID{id}, bound)
+		if len(foreign) > 0 {
+			errs = append(errs, foreignError("attach", v, foreign))
+			continue
+		}
 		var dev *loop.Device
 		err = nil
-		if found := byFile[id]; found != nil {
-			dev, err = s.keep(v, found, id)
+		for _, d := range ours {
+			if dev, err = s.keep(v, d); dev != nil || err != nil {
+				break
+			}
 		}
 		switch {
 		case err != nil:
@@ -282,11 +402,12 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 			attached[v] = dev
 		default:
 			unbound = append(unbound, v)
+			fds[v] = r.fd
 		}
 	}
 	s.log.Info("attaching", "volumes", len(locked), "attached", len(attached), "toBind", len(unbound))
-	bound, bindErrs := s.bindMany(unbound) // batch.go: parallel binds
-	maps.Copy(attached, bound)
+	newly, bindErrs := s.bindMany(unbound, fds) // batch.go: parallel binds
+	maps.Copy(attached, newly)
 	errs = append(errs, bindErrs...)
 	s.log.Info("bound; waiting for udev", "bound", len(bound), "failed", len(bindErrs))
 	vols := slices.Collect(maps.Keys(attached))
@@ -316,34 +437,37 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 	return out, errors.Join(errs...)
 }
 
+// DetachOptions tune Detach and Delete.
+type DetachOptions struct {
+	// Force detaches the device of an orphaned volume (backing file gone),
+	// which loses the data only that device still holds.
+	Force bool
+}
+
 // Detach removes the volume's loop device(s) (idempotent). It refuses,
-// changing nothing, while the volume is mounted; if a process merely holds
-// the device open, the kernel detaches it at last close and the error says
-// so (loop.ErrDeferred).
-func (s *Store) Detach(ctx context.Context, ref string) error {
+// changing nothing, while the volume is mounted, and without opts.Force
+// while it is orphaned; if a process merely holds the device open, the
+// kernel detaches it at last close and the error says so
+// (loop.ErrDeferred). Devices someone else bound to the volume's file are
+// never detached: they are named in a warning.
+func (s *Store) Detach(ctx context.Context, ref string, opts DetachOptions) error {
 	return s.withVolume(ref, func(v *Volume) error {
-		return s.detachDevices(v, nil)
+		return s.detachDevices(v, nil, opts)
 	})
 }
 
-// DetachAll detaches every volume of the store with one scan of the loop
+// DetachAll detaches every volume of the store with one lookup of the loop
 // devices, under every volume's lock; busy ones are reported and left
 // attached.
-func (s *Store) DetachAll(ctx context.Context) error {
+func (s *Store) DetachAll(ctx context.Context, opts DetachOptions) error {
 	vols, err := s.lockAll(nil)
 	if err != nil {
 		return err
 	}
 	defer unlockAll(vols)
-	devs, err := loop.Scan()
-	if err != nil {
-		return err
-	}
-	byFile := map[loop.FileID][]*loop.Device{}
-	for _, d := range devs {
-		byFile[d.Backing] = append(byFile[d.Backing], d)
-	}
 	var errs []error
+	var read []*Volume
+	var ids []loop.FileID
 	for _, lv := range vols {
 		v, err := s.readMeta(lv.uuid)
 		if err != nil {
@@ -352,7 +476,15 @@ func (s *Store) DetachAll(ctx context.Context) error {
 			}
 			continue
 		}
-		if err := s.detachDevices(v, byFile); err != nil {
+		read = append(read, v)
+		ids = append(ids, s.backingIDs(v)...)
+	}
+	bound, err := loop.Bound(ids...)
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	for _, v := range read {
+		if err := s.detachDevices(v, bound, opts); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -394,42 +526,32 @@ func unlockAll(vols []lockedVolume) {
 	}
 }
 
-// detachDevices detaches every loop device bound to v's backing file. The
-// identity check inside loop.Detach proves each is ours. scanned, if not
-// nil, is one loop.Scan of the machine by backing file (detach --all).
-//
-// If the backing file was removed behind our back, a device may still hold
-// its (now unnamed) inode: it is found by the identity recorded in the
-// metadata, and detached only if it also carries the volume's tag.
-func (s *Store) detachDevices(v *Volume, scanned map[loop.FileID][]*loop.Device) error {
+// detachDevices detaches v's own devices (see devicesOf); bound, if not
+// nil, is one loop.Bound of the machine for many volumes (detach --all).
+// The caller holds v's lock. A volume whose backing file is gone while a
+// device of ours still holds it is orphaned: refused unless opts.Force.
+func (s *Store) detachDevices(v *Volume, bound map[loop.FileID][]*loop.Device, opts DetachOptions) error {
 	s.cleanupTempMount(v)
-	id, err := loop.FileIDOf(v.BackingFile)
-	present := err == nil
-	switch {
-	case isNotExist(err) && v.backingID() != (loop.FileID{}):
-		id = v.backingID()
-	case isNotExist(err):
-		s.removeLink(v.UUID)
-		return nil // never bound since identities were recorded
-	case err != nil:
-		return fmt.Errorf("detach %s: %w", v.Name, err)
+	ids := s.backingIDs(v)
+	if bound == nil {
+		var err error
+		if bound, err = loop.Bound(ids...); err != nil {
+			return fmt.Errorf("detach %s: %w", v.Name, err)
+		}
 	}
-	var devs []*loop.Device
-	if present && scanned != nil {
-		devs = scanned[id]
-	} else if devs, err = loop.FindAll(id); err != nil { // FindAll fills in tags; Scan does not
-		return fmt.Errorf("detach %s: %w", v.Name, err)
+	ours, foreign := devicesOf(v, ids, bound)
+	for _, d := range foreign {
+		s.log.Warn("left alone: a loop device someone else bound to the volume's file", "volume", v.Name, "device", d.Path,
+			"why", v.owner(d.Backing).Check(d).Error())
 	}
-	if !present {
-		devs = slices.DeleteFunc(devs, func(d *loop.Device) bool { return d.Tag != tag(v.UUID) })
+	if len(ours) > 0 && !opts.Force {
+		if err := s.orphaned(v, ours); err != nil {
+			return fmt.Errorf("detach %s: %w", v.Name, err)
+		}
 	}
-	return s.detachList(v, id, devs)
-}
-
-func (s *Store) detachList(v *Volume, id loop.FileID, devs []*loop.Device) error {
 	var deferred error
-	for _, dev := range devs {
-		err := loop.Detach(dev.Path, id)
+	for _, dev := range ours {
+		err := loop.Detach(dev.Path, v.owner(dev.Backing))
 		switch {
 		case err == nil, errors.Is(err, loop.ErrNotAttached):
 			s.log.Info("volume detached", "volume", v.Name, "uuid", v.UUID, "device", dev.Path)
@@ -442,8 +564,18 @@ func (s *Store) detachList(v *Volume, id loop.FileID, devs []*loop.Device) error
 			return fmt.Errorf("detach %s: %w", v.Name, err)
 		}
 	}
-	s.removeLink(v.UUID)
+	s.unpublish(v, ours)
 	return deferred
+}
+
+// orphaned returns ErrOrphaned if v's backing file is gone while ours (v's
+// devices) still hold its data.
+func (s *Store) orphaned(v *Volume, ours []*loop.Device) error {
+	if _, err := s.statBacking(v.UUID); !isNotExist(err) || len(ours) == 0 {
+		return nil
+	}
+	return fmt.Errorf("its backing file %s is gone and %s still holds the data; copy it back with `sparsevol recover %s` (or detach with --force to lose it): %w",
+		v.BackingFile, ours[0].Path, v.UUID, ErrOrphaned)
 }
 
 func linkPath(uuid string) string { return filepath.Join(LinkDir, uuid) }
@@ -457,13 +589,19 @@ func setLink(uuid, target string) error {
 	return nil
 }
 
-// removeLink removes what attach published for the volume: its
-// /dev/sparsevol link and its attached marker.
-func (s *Store) removeLink(uuid string) {
-	os.Remove(linkPath(uuid))
+// unpublish removes what attach published for v once its devices (ours,
+// just detached) are gone: the attached marker, and the /dev/sparsevol
+// link unless it serves a device that is neither gone nor one of ours
+// (another store's volume with the same UUID).
+func (s *Store) unpublish(v *Volume, ours []*loop.Device) {
 	if s.opts.AttachedDir != "" {
-		os.Remove(filepath.Join(s.opts.AttachedDir, uuid))
+		os.Remove(filepath.Join(s.opts.AttachedDir, v.UUID))
 	}
+	if d := linkedDevice(v.UUID); d != nil && !slices.ContainsFunc(ours, func(o *loop.Device) bool { return o.Path == d.Path }) &&
+		v.owner(d.Backing).Check(d) != nil {
+		return
+	}
+	os.Remove(linkPath(v.UUID))
 }
 
 // markAttached leaves the file of Options.AttachedDir that says the volume
@@ -524,11 +662,11 @@ func (s *Store) WithDevice(ctx context.Context, ref string, fn func(st *Status) 
 		if err != nil {
 			return err
 		}
-		release, err := loop.Hold(dev.Path, dev.Backing)
+		held, err := loop.Hold(dev.Path, v.owner(dev.Backing))
 		if err != nil {
 			return fmt.Errorf("attach %s: %w", v.Name, err)
 		}
-		defer release()
+		defer held.Close()
 		return fn(s.status(v, []*loop.Device{dev}, nil))
 	})
 }

@@ -10,18 +10,15 @@ import (
 // bindMany binds every volume of vols (none of them attached, their locks
 // held by the caller) with loop.AttachMany: one hold of the loop-control
 // lock and parallel bindings, which is what makes attach --all of a
-// thousand volumes at boot take a fraction of a second. It returns the
-// devices of those that were bound and the errors of the others.
-func (s *Store) bindMany(vols []*Volume) (map[*Volume]*loop.Device, []error) {
+// thousand volumes at boot take a fraction of a second. fds are their
+// backing files from openBacking, which the caller closes afterwards. It
+// returns the devices of those that were bound and the errors of the
+// others.
+func (s *Store) bindMany(vols []*Volume, fds map[*Volume]int) (map[*Volume]*loop.Device, []error) {
 	reqs := make([]loop.AttachRequest, len(vols))
 	for i, v := range vols {
-		s.keepThick(v)
-		reqs[i] = loop.AttachRequest{Path: v.BackingFile, Options: loop.AttachOptions{
-			Tag:       tag(v.UUID),
-			DirectIO:  v.DirectIO,
-			BlockSize: v.BlockSize,
-			Partscan:  v.Partitioned,
-		}}
+		s.keepThick(v, fds[v])
+		reqs[i] = loop.AttachRequest{FD: fds[v], Options: s.attachOptions(v)}
 	}
 	devs := make(map[*Volume]*loop.Device, len(vols))
 	var errs []error

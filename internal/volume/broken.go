@@ -3,11 +3,7 @@ package volume
 import (
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"strings"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/sparsevol/sparsevol/internal/loop"
 )
@@ -32,21 +28,20 @@ func (s *Store) deleteBroken(uuid string) error {
 		return fmt.Errorf("delete %s: %w", uuid, err)
 	}
 	path := s.backingPath(uuid)
-	var st unix.Stat_t
-	err = unix.Lstat(path, &st)
+	st, err := s.statBacking(uuid)
 	switch {
-	case errors.Is(err, unix.ENOENT):
+	case isNotExist(err):
+	case errors.Is(err, ErrUnsafe):
+		s.log.Warn("broken volume's backing file left in place", "uuid", uuid, "why", err)
 	case err != nil:
-		return fmt.Errorf("delete %s: %w", uuid, &fs.PathError{Op: "lstat", Path: path, Err: err})
-	case st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 1:
-		s.log.Warn("broken volume's backing file left in place: not a regular file with one link",
-			"uuid", uuid, "file", path, "links", st.Nlink)
+		return fmt.Errorf("delete %s: %w", uuid, err)
 	default:
-		devs, err := loop.FindAll(loop.FileID{Dev: st.Dev, Inode: st.Ino})
+		id := loop.FileID{Dev: st.Dev, Inode: st.Ino}
+		bound, err := loop.Bound(id)
 		if err != nil {
 			return fmt.Errorf("delete %s: %w", uuid, err)
 		}
-		if len(devs) > 0 {
+		if devs := bound[id]; len(devs) > 0 {
 			paths := make([]string, len(devs))
 			for i, d := range devs {
 				paths[i] = d.Path
@@ -54,7 +49,7 @@ func (s *Store) deleteBroken(uuid string) error {
 			return fmt.Errorf("delete %s: %s holds %s (detach it with losetup -d once nothing uses it): %w",
 				uuid, strings.Join(paths, ", "), path, ErrBusy)
 		}
-		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := s.removeBacking(uuid); err != nil {
 			return fmt.Errorf("delete %s: %w", uuid, err)
 		}
 	}

@@ -168,6 +168,9 @@ func (s *Store) reserve(req CreateRequest) (*Volume, error) {
 	if _, err := os.Lstat(s.backingPath(req.UUID)); err == nil {
 		return nil, fmt.Errorf("file %s exists but is no volume of this store: %w", s.backingPath(req.UUID), ErrExists)
 	}
+	if err := LinkedElsewhere(req.UUID); err != nil {
+		return nil, err
+	}
 	if err := s.checkSpace(req.SizeBytes, req.Preallocate); err != nil {
 		return nil, err
 	}
@@ -221,8 +224,14 @@ func blockSizeFor(dir string) uint32 {
 // build runs the steps after reserve; each is safe to repeat.
 func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) error {
 	crashPoint("create:reserved")
-	if err := sizeBackingFile(v.BackingFile, v.SizeBytes, v.Preallocate, true); err != nil {
+	fd, _, err := s.createBacking(v.UUID)
+	if err != nil {
 		return err
+	}
+	err = sizeBacking(fd, v.SizeBytes, v.Preallocate)
+	unix.Close(fd)
+	if err != nil {
+		return fmt.Errorf("%s: %w", v.BackingFile, err)
 	}
 	crashPoint("create:file")
 	dev, err := s.attachDevice(v)
@@ -257,41 +266,7 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) error {
 		}
 		return s.startUnit(ctx, v)
 	}
-	return s.detachDevices(v, nil)
-}
-
-// sizeBackingFile creates (if create) and grows the file at path to size:
-// a hole for thin volumes, allocated blocks (fallocate) for thick ones. It
-// never shrinks, and repeating it is harmless, which crash recovery needs.
-func sizeBackingFile(path string, size int64, preallocate, create bool) error {
-	flags := os.O_RDWR | unix.O_CLOEXEC | unix.O_NOFOLLOW
-	if create {
-		flags |= os.O_CREATE
-	}
-	f, err := os.OpenFile(path, flags, 0o600)
-	if err != nil {
-		return fmt.Errorf("size backing file %s: %w", path, err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return fmt.Errorf("size backing file %s: %w", path, err)
-	}
-	switch {
-	case preallocate:
-		err = unix.Fallocate(int(f.Fd()), 0, 0, size)
-	case fi.Size() >= size:
-		return nil
-	default:
-		err = f.Truncate(size)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if err != nil {
-		return fmt.Errorf("size backing file %s to %d: %w", path, size, err)
-	}
-	return nil
+	return s.detachDevices(v, nil, DetachOptions{})
 }
 
 // format writes the filesystem or partition table whose UUID is the
@@ -327,11 +302,11 @@ func (s *Store) format(ctx context.Context, v *Volume, dev *loop.Device) error {
 	args = append(args, dev.Path)
 	// Hold the device so its number cannot be rebound to another file
 	// while mkfs works on it by path.
-	release, err := loop.Hold(dev.Path, dev.Backing)
+	held, err := loop.Hold(dev.Path, v.owner(dev.Backing))
 	if err != nil {
 		return fmt.Errorf("format %s: %w", v.Name, err)
 	}
-	defer release()
+	defer held.Close()
 	if _, err := s.run.run(ctx, prog, args...); err != nil {
 		return fmt.Errorf("format %s: %w", v.Name, err)
 	}

@@ -4,19 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 
 	"github.com/sparsevol/sparsevol/internal/loop"
 )
 
 // Delete removes a volume: its loop devices, its backing file and its
 // metadata, in that order, after marking it deleting. It refuses, changing
-// nothing, while the volume is mounted or open, naming who holds it. A crash
-// midway leaves a volume in state deleting that the next Delete finishes.
+// nothing, while the volume is mounted or open (naming who holds it), while
+// a device someone else bound holds its file, while its file has other
+// links (the data would live on), and without opts.Force while it is
+// orphaned. A crash midway leaves a volume in state deleting that the next
+// Delete finishes.
 // A broken volume (unreadable metadata) is deleted by deleteBroken. With a
 // Lifecycle, the volume's unit is stopped and disabled first (see
 // withUnitDisabled).
-func (s *Store) Delete(ctx context.Context, ref string) error {
+func (s *Store) Delete(ctx context.Context, ref string, opts DetachOptions) error {
 	v, err := s.Get(ref)
 	if err != nil {
 		return err
@@ -27,14 +29,31 @@ func (s *Store) Delete(ctx context.Context, ref string) error {
 		}
 		return s.disableBroken(ctx, v.UUID)
 	}
-	return s.withUnitDisabled(ctx, v, func() error { return s.delete(ctx, v.UUID) })
+	return s.withUnitDisabled(ctx, v, func() error { return s.delete(ctx, v.UUID, opts) })
 }
 
-func (s *Store) delete(ctx context.Context, ref string) error {
+func (s *Store) delete(ctx context.Context, ref string, opts DetachOptions) error {
 	return s.withVolume(ref, func(v *Volume) error {
 		s.cleanupTempMount(v) // left by an expansion that crashed
-		if err := inUse(v); err != nil {
+		ids := s.backingIDs(v)
+		bound, err := loop.Bound(ids...)
+		if err != nil {
 			return fmt.Errorf("delete %s: %w", v.Name, err)
+		}
+		ours, foreign := devicesOf(v, ids, bound)
+		if len(foreign) > 0 {
+			return foreignError("delete", v, foreign)
+		}
+		if err := busy(ours); err != nil {
+			return fmt.Errorf("delete %s: %w", v.Name, err)
+		}
+		if st, err := s.statBacking(v.UUID); errors.Is(err, ErrUnsafe) && st.Nlink > 1 {
+			return fmt.Errorf("delete %s: %w", v.Name, err)
+		}
+		if !opts.Force {
+			if err := s.orphaned(v, ours); err != nil {
+				return fmt.Errorf("delete %s: %w", v.Name, err)
+			}
 		}
 		if v.State != StateDeleting {
 			v.State = StateDeleting
@@ -43,11 +62,11 @@ func (s *Store) delete(ctx context.Context, ref string) error {
 			}
 		}
 		crashPoint("delete:marked")
-		if err := s.detachDevices(v, nil); err != nil {
+		if err := s.detachDevices(v, bound, DetachOptions{Force: true}); err != nil {
 			return fmt.Errorf("delete %s: %w", v.Name, err)
 		}
 		crashPoint("delete:detached")
-		if err := os.Remove(v.BackingFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := s.removeBacking(v.UUID); err != nil {
 			return fmt.Errorf("delete %s: %w", v.Name, err)
 		}
 		crashPoint("delete:file")
@@ -65,25 +84,21 @@ func (s *Store) delete(ctx context.Context, ref string) error {
 func (s *Store) InUse(ref string) error {
 	return s.withVolume(ref, func(v *Volume) error {
 		s.cleanupTempMount(v) // ours, left by an expansion that crashed
-		if err := inUse(v); err != nil {
+		ids := s.backingIDs(v)
+		bound, err := loop.Bound(ids...)
+		if err != nil {
+			return fmt.Errorf("volume %s: %w", v.Name, err)
+		}
+		ours, _ := devicesOf(v, ids, bound)
+		if err := busy(ours); err != nil {
 			return fmt.Errorf("volume %s: %w", v.Name, err)
 		}
 		return nil
 	})
 }
 
-func inUse(v *Volume) error {
-	id, err := loop.FileIDOf(v.BackingFile)
-	if isNotExist(err) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	devs, err := loop.FindAll(id)
-	if err != nil {
-		return err
-	}
+// busy returns an ErrBusy error if any of devs is in use.
+func busy(devs []*loop.Device) error {
 	for _, d := range devs {
 		if err := loop.Busy(d.Path); err != nil {
 			return fmt.Errorf("%w: %w", ErrBusy, err)

@@ -78,7 +78,13 @@ func (s *Store) Expand(ctx context.Context, ref string, newSize int64, opts Expa
 		}
 		crashPoint("expand:recorded")
 		target := max(newSize, v.SizeBytes)
-		if err := sizeBackingFile(v.BackingFile, target, v.Preallocate, false); err != nil {
+		fd, _, err := s.openBacking(v.UUID, unix.O_RDWR)
+		if err != nil {
+			return fmt.Errorf("expand %s: %w", v.Name, err)
+		}
+		err = sizeBacking(fd, target, v.Preallocate)
+		unix.Close(fd)
+		if err != nil {
 			return fmt.Errorf("expand %s: %w", v.Name, err)
 		}
 		crashPoint("expand:file")
@@ -113,16 +119,22 @@ func (s *Store) growDevice(ctx context.Context, v *Volume, fileOnly bool) error 
 	// A crashed offline expansion may have left its temporary mount; it
 	// must not pass for a user's mount below.
 	s.cleanupTempMount(v)
-	id, err := loop.FileIDOf(v.BackingFile)
+	fd, id, err := s.openBacking(v.UUID, unix.O_RDWR)
 	if err != nil {
 		return fmt.Errorf("expand %s: %w", v.Name, err)
 	}
-	devs, err := loop.FindAll(id)
+	defer unix.Close(fd)
+	bound, err := loop.Bound(id)
 	if err != nil {
 		return fmt.Errorf("expand %s: %w", v.Name, err)
 	}
+	devs, foreign := devicesOf(v, []loop.FileID{id}, bound)
+	if len(foreign) > 0 {
+		return foreignError("expand", v, foreign)
+	}
+	owner := v.owner(id)
 	for _, d := range devs {
-		if err := loop.SetCapacity(d.Path, id); err != nil {
+		if err := loop.SetCapacity(d.Path, owner); err != nil {
 			return fmt.Errorf("expand %s: %w", v.Name, err)
 		}
 	}
@@ -133,22 +145,22 @@ func (s *Store) growDevice(ctx context.Context, v *Volume, fileOnly bool) error 
 	if len(devs) > 0 {
 		dev = devs[0]
 	} else {
-		if dev, err = s.bind(v); err != nil {
+		if dev, err = s.bind(v, fd); err != nil {
 			return err
 		}
 		defer func() {
-			if err := loop.Detach(dev.Path, id); err != nil {
+			if err := loop.Detach(dev.Path, owner); err != nil {
 				s.log.Warn("detach after offline expand", "volume", v.Name, "error", err)
 			}
 		}()
 	}
 	// Hold the device so its number cannot be rebound to another file
 	// while sgdisk, e2fsck or resize2fs work on it by path.
-	release, err := loop.Hold(dev.Path, id)
+	held, err := loop.Hold(dev.Path, owner)
 	if err != nil {
 		return fmt.Errorf("expand %s: %w", v.Name, err)
 	}
-	defer release()
+	defer held.Close()
 	if v.Partitioned {
 		return s.growPartition(ctx, v, dev)
 	}

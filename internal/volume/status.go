@@ -1,10 +1,7 @@
 package volume
 
 import (
-	"errors"
 	"os"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/sparsevol/sparsevol/internal/loop"
 )
@@ -27,6 +24,11 @@ type Status struct {
 	// DataDeviceBytes is the size the kernel gives the data device.
 	DataDeviceBytes int64    `json:"dataDeviceBytes,omitempty"`
 	ExtraDevices    []string `json:"extraDevices,omitempty"`
+	// ForeignDevices are loop devices someone else bound to the volume's
+	// file (not ours by loop.Owner); Problem says what is unsafe about
+	// the volume, if anything. Operations refuse such a volume.
+	ForeignDevices []string `json:"foreignDevices,omitempty"`
+	Problem        string   `json:"problem,omitempty"`
 }
 
 // AllocatedRatio is allocated bytes over logical size.
@@ -52,40 +54,59 @@ func (s *Store) Statuses() ([]*Status, error) {
 	if err != nil {
 		return nil, err
 	}
-	devs, err := loop.Scan()
+	var ids []loop.FileID
+	idsOf := make([][]loop.FileID, len(vols))
+	for i, v := range vols {
+		idsOf[i] = s.backingIDs(v)
+		ids = append(ids, idsOf[i]...)
+	}
+	bound, err := loop.Bound(ids...)
 	if err != nil {
 		return nil, err
 	}
-	byFile := map[loop.FileID][]*loop.Device{}
-	for _, d := range devs {
-		byFile[d.Backing] = append(byFile[d.Backing], d)
-	}
 	mounts := loop.ReadMountTable() // once, not per volume
 	out := make([]*Status, 0, len(vols))
-	for _, v := range vols {
-		id, _ := loop.FileIDOf(v.BackingFile)
-		out = append(out, s.status(v, byFile[id], mounts))
+	for i, v := range vols {
+		out = append(out, s.statusFound(v, idsOf[i], bound, mounts))
 	}
 	return out, nil
 }
 
 func (s *Store) statusOf(v *Volume) *Status {
-	var devs []*loop.Device
-	if id, err := loop.FileIDOf(v.BackingFile); err == nil {
-		devs, _ = loop.FindAll(id)
+	ids := s.backingIDs(v)
+	bound, _ := loop.Bound(ids...)
+	return s.statusFound(v, ids, bound, nil)
+}
+
+// statusFound is status for devices found by loop.Bound: v's own, and the
+// foreign ones named as a problem.
+func (s *Store) statusFound(v *Volume, ids []loop.FileID, bound map[loop.FileID][]*loop.Device, mounts loop.MountTable) *Status {
+	ours, foreign := devicesOf(v, ids, bound)
+	st := s.status(v, ours, mounts)
+	for _, d := range foreign {
+		st.ForeignDevices = append(st.ForeignDevices, d.Path)
 	}
-	return s.status(v, devs, nil)
+	if len(foreign) > 0 && st.Problem == "" {
+		st.Problem = foreignError("use", v, foreign).Error()
+	}
+	if st.State == StateReady && st.FileMissing && st.Attached {
+		st.State = StateOrphaned
+		st.Problem = s.orphaned(v, ours).Error()
+	}
+	return st
 }
 
 // status joins v with its devices; mounts may be nil (read here) or a
 // table the caller read once for many volumes.
 func (s *Store) status(v *Volume, devs []*loop.Device, mounts loop.MountTable) *Status {
 	st := &Status{Volume: *v, StablePath: v.StablePath()}
-	var fst unix.Stat_t
-	err := unix.Stat(v.BackingFile, &fst)
-	if errors.Is(err, unix.ENOENT) {
+	fst, err := s.statBacking(v.UUID)
+	switch {
+	case isNotExist(err):
 		st.FileMissing = true
-	} else if err == nil {
+	case err != nil:
+		st.Problem = err.Error()
+	default:
 		st.FileSizeBytes = fst.Size
 		st.AllocatedBytes = fst.Blocks * 512
 	}

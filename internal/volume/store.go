@@ -54,6 +54,8 @@ type Options struct {
 // goroutines and processes: every mutation of a volume holds its flock.
 type Store struct {
 	root string
+	// dir is the store directory as Open found it (see dirFD).
+	dir  dirID
 	opts Options
 	log  *slog.Logger
 	run  runner
@@ -101,7 +103,11 @@ func Open(root string, opts Options) (*Store, error) {
 	if err := os.MkdirAll(filepath.Join(abs, lockDir), 0o700); err != nil {
 		return nil, fmt.Errorf("open store %s: %w", abs, err)
 	}
-	s := &Store{root: abs, opts: opts, log: log, run: execRunner{}}
+	dir, err := statStoreDir(abs)
+	if err != nil {
+		return nil, fmt.Errorf("open store %s: %w", abs, err)
+	}
+	s := &Store{root: abs, dir: dir, opts: opts, log: log, run: execRunner{}}
 	s.removeStaleTemps(names)
 	return s, nil
 }
@@ -309,6 +315,8 @@ func (s *Store) readMeta(uuid string) (*Volume, error) {
 	if err != nil {
 		return nil, fmt.Errorf("volume %s: %w: %w", uuid, &os.PathError{Op: "read metadata", Path: path, Err: err}, ErrBroken)
 	}
+	// Never a path from the metadata: the backing file is <root>/<uuid>.
+	v.BackingFile = s.backingPath(uuid)
 	return &v, nil
 }
 
@@ -458,32 +466,11 @@ func (s *Store) space(vols []*Volume) (Space, error) {
 	sp := Space{FreeBytes: int64(st.Bavail) * st.Bsize, OvercommitRatio: s.opts.OvercommitRatio}
 	for _, v := range vols {
 		sp.CommittedBytes += max(v.SizeBytes, v.ExpandingTo)
-		// Adopted files on another filesystem do not draw on this one.
-		if onSameFS(v.BackingFile, st.Fsid) {
-			sp.AllocatedBytes += allocatedBytes(v.BackingFile)
-		}
+		sp.AllocatedBytes += s.allocated(v.UUID)
 	}
 	limit := int64(s.opts.OvercommitRatio * float64(sp.FreeBytes+sp.AllocatedBytes))
 	sp.CapacityBytes = max(0, limit-sp.CommittedBytes)
 	return sp, nil
-}
-
-func onSameFS(path string, fsid unix.Fsid) bool {
-	var st unix.Statfs_t
-	if err := unix.Statfs(path, &st); err != nil {
-		return false
-	}
-	return st.Fsid == fsid
-}
-
-// allocatedBytes is what the file really occupies (st_blocks), which for a
-// sparse file is far less than its size.
-func allocatedBytes(path string) int64 {
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		return 0
-	}
-	return st.Blocks * 512
 }
 
 // checkSpace refuses growth by delta bytes beyond the policy. A thick

@@ -135,10 +135,10 @@ func TestLifecycle(t *testing.T) {
 			payload := make([]byte, 1<<20)
 			rand.Read(payload)
 			writeData(t, v, st, payload)
-			if err := s.Detach(ctx, v.Name); err != nil {
+			if err := s.Detach(ctx, v.Name, DetachOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			if err := s.Detach(ctx, v.Name); err != nil {
+			if err := s.Detach(ctx, v.Name, DetachOptions{}); err != nil {
 				t.Fatalf("second detach: %v", err)
 			}
 			if st, _ := s.Status(v.Name); st.Attached {
@@ -170,15 +170,15 @@ func TestLifecycle(t *testing.T) {
 				if total := int64(sfs.Blocks) * sfs.Bsize; total < v.SizeBytes {
 					t.Fatalf("filesystem is %d bytes after expand to %d", total, grown.SizeBytes)
 				}
-				if err := s.Delete(ctx, v.Name); !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), dir) {
+				if err := s.Delete(ctx, v.Name, DetachOptions{}); !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), dir) {
 					t.Fatalf("Delete of a mounted volume = %v, want ErrBusy naming %s", err, dir)
 				}
-				if err := s.Detach(ctx, v.Name); !errors.Is(err, ErrBusy) {
+				if err := s.Detach(ctx, v.Name, DetachOptions{}); !errors.Is(err, ErrBusy) {
 					t.Fatalf("Detach of a mounted volume = %v, want ErrBusy", err)
 				}
 				unix.Unmount(dir, 0)
 			}
-			if err := s.Delete(ctx, v.Name); err != nil {
+			if err := s.Delete(ctx, v.Name, DetachOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := os.Stat(v.BackingFile); !errors.Is(err, os.ErrNotExist) {
@@ -274,7 +274,7 @@ func TestCreateRejectsDuplicatesAndOvercommit(t *testing.T) {
 			}
 		})
 	}
-	if err := s.Delete(ctx, "a"); err != nil {
+	if err := s.Delete(ctx, "a", DetachOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -293,7 +293,7 @@ func TestOvercommitRatio(t *testing.T) {
 	}
 	s := newStore(t, Options{OvercommitRatio: 2})
 	mustCreate(t, s, CreateRequest{Name: "big", SizeBytes: size, Mode: ModeBlock, NoPartition: true})
-	if err := s.Delete(ctx, "big"); err != nil {
+	if err := s.Delete(ctx, "big", DetachOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -304,7 +304,7 @@ func TestPreallocate(t *testing.T) {
 	if a := allocated(t, v.BackingFile); a < v.SizeBytes {
 		t.Fatalf("thick volume has %d of %d bytes allocated", a, v.SizeBytes)
 	}
-	if err := s.Delete(context.Background(), "thick"); err != nil {
+	if err := s.Delete(context.Background(), "thick", DetachOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -324,7 +324,7 @@ func TestExpandRejectsShrink(t *testing.T) {
 	if v, _ := s.Get("a"); v.SizeBytes != 32<<20 || v.ExpandingTo != 0 {
 		t.Fatalf("rejected expand changed the volume: %+v", v)
 	}
-	s.Delete(ctx, "a")
+	s.Delete(ctx, "a", DetachOptions{})
 }
 
 func TestAttachAll(t *testing.T) {
@@ -356,11 +356,11 @@ func TestAttachAll(t *testing.T) {
 			t.Fatalf("volume %s attached twice: %v", st.Name, st.ExtraDevices)
 		}
 	}
-	if err := s.DetachAll(ctx); err != nil {
+	if err := s.DetachAll(ctx, DetachOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"a", "b", "c"} {
-		s.Delete(ctx, name)
+		s.Delete(ctx, name, DetachOptions{})
 	}
 }
 
@@ -417,18 +417,25 @@ func TestAdopt(t *testing.T) {
 	for _, v := range vols {
 		byUUID[v.UUID] = v
 	}
-	if v := byUUID[fsUUID]; v == nil || v.FSType != "ext4" || v.BackingFile != fsFile {
+	// Moved into the store by rename: the same files, nothing rewritten.
+	if v := byUUID[fsUUID]; v == nil || v.FSType != "ext4" || v.BackingFile != filepath.Join(s.Root(), fsUUID) {
 		t.Fatalf("filesystem file adopted as %+v", v)
 	}
 	if v := byUUID[ptUUID]; v == nil || !v.Partitioned || v.Mode != ModeBlock {
 		t.Fatalf("GPT file adopted as %+v", v)
 	}
-	// Idempotent, and nothing rewritten.
+	for _, f := range []string{fsFile, ptFile} {
+		if _, err := os.Lstat(f); !os.IsNotExist(err) {
+			t.Fatalf("%s still there after adopt: %v", f, err)
+		}
+	}
+	fsFile, ptFile = filepath.Join(s.Root(), fsUUID), filepath.Join(s.Root(), ptUUID)
+	if sumAfter := strings.ReplaceAll(run(t, "sha256sum", fsFile, ptFile), s.Root(), old); sumAfter != sumBefore {
+		t.Fatalf("adopt rewrote data:\n%s\n%s", sumAfter, sumBefore)
+	}
+	// Idempotent.
 	if again, err := s.Adopt(ctx, []string{fsFile}, ""); err != nil || len(again) != 1 || again[0].UUID != fsUUID {
 		t.Fatalf("second Adopt = %v, %v", again, err)
-	}
-	if sumAfter := run(t, "sha256sum", fsFile, ptFile); sumAfter != sumBefore {
-		t.Fatal("adopt rewrote data")
 	}
 	st, err := s.Attach(ctx, fsUUID)
 	if err != nil {
@@ -440,7 +447,7 @@ func TestAdopt(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, u := range []string{fsUUID, ptUUID} {
-		if err := s.Delete(ctx, u); err != nil {
+		if err := s.Delete(ctx, u, DetachOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -108,7 +108,7 @@ func (s *Store) TrimAll(ctx context.Context) ([]*TrimResult, error) {
 // when the error says why nothing was done.
 func (s *Store) trim(ctx context.Context, v *Volume) (*TrimResult, error) {
 	res := &TrimResult{Name: v.Name, UUID: v.UUID, Thick: v.Preallocate}
-	res.AllocatedBefore = allocatedBytes(v.BackingFile)
+	res.AllocatedBefore = s.allocated(v.UUID)
 	res.AllocatedAfter = res.AllocatedBefore
 	if v.State != StateReady {
 		res.Skipped = "not ready (" + string(v.State) + ")"
@@ -119,10 +119,16 @@ func (s *Store) trim(ctx context.Context, v *Volume) (*TrimResult, error) {
 		res.MountPoint = st.MountPoints[0]
 	}
 	if v.Preallocate {
-		if err := reallocate(v.BackingFile, v.SizeBytes); err != nil {
+		fd, _, err := s.openBacking(v.UUID, unix.O_RDWR)
+		if err != nil {
 			return res, fmt.Errorf("trim %s: %w", v.Name, err)
 		}
-		res.AllocatedAfter = allocatedBytes(v.BackingFile)
+		err = reallocate(fd, v.SizeBytes)
+		unix.Close(fd)
+		if err != nil {
+			return res, fmt.Errorf("trim %s: %w", v.Name, err)
+		}
+		res.AllocatedAfter = s.allocated(v.UUID)
 		s.log.Info("thick volume re-allocated instead of trimmed", "volume", v.Name,
 			"before", res.AllocatedBefore, "after", res.AllocatedAfter)
 		return res, nil
@@ -140,7 +146,7 @@ func (s *Store) trim(ctx context.Context, v *Volume) (*TrimResult, error) {
 		return res, fmt.Errorf("trim %s: %w", v.Name, err)
 	}
 	res.FilesystemTrimmedBytes, res.FilesystemUsedBytes = trimmed, used
-	res.AllocatedAfter = allocatedBytes(v.BackingFile)
+	res.AllocatedAfter = s.allocated(v.UUID)
 	s.log.Info("volume trimmed", "volume", v.Name, "mountPoint", res.MountPoint,
 		"reclaimed", res.ReclaimedBytes(), "allocated", res.AllocatedAfter, "filesystemUses", used)
 	return res, nil
@@ -174,27 +180,30 @@ func fstrim(dir string) (trimmed uint64, used int64, err error) {
 	return r.Len, int64(sfs.Blocks-sfs.Bfree) * sfs.Bsize, nil
 }
 
-// reallocate makes a thick volume's backing file fully allocated again.
+// reallocate makes a thick volume's backing file (the open fd, which the
+// caller closes) fully allocated again.
 // fallocate without flags allocates only the holes and never changes
 // data (a hole reads as zeroes, and so does the unwritten extent that
 // replaces it), so it is safe while the volume is attached and mounted.
 // It syncs only when it had holes to fill, so a boot over many intact
 // thick volumes pays one fallocate each and no journal commits.
-func reallocate(path string, size int64) error {
-	before := allocatedBytes(path)
-	f, err := os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
-	if err != nil {
-		return fmt.Errorf("re-allocate %s: %w", path, err)
+func reallocate(fd int, size int64) error {
+	blocks := func() int64 {
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) != nil {
+			return -1
+		}
+		return st.Blocks
 	}
-	defer f.Close()
-	if err := unix.Fallocate(int(f.Fd()), 0, 0, size); err != nil {
-		return fmt.Errorf("re-allocate %s: fallocate: %w", path, err)
+	before := blocks()
+	if err := unix.Fallocate(fd, 0, 0, size); err != nil {
+		return fmt.Errorf("re-allocate: fallocate: %w", err)
 	}
-	if allocatedBytes(path) == before {
+	if blocks() == before {
 		return nil
 	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("re-allocate %s: fsync: %w", path, err)
+	if err := unix.Fsync(fd); err != nil {
+		return fmt.Errorf("re-allocate: fsync: %w", err)
 	}
 	return nil
 }
@@ -203,16 +212,16 @@ func reallocate(path string, size int64) error {
 // discards punched while it was last attached (an fstrim timer, a discard
 // mount) cannot survive a reboot. A failure is logged, not fatal: the
 // volume's data is intact either way.
-func (s *Store) keepThick(v *Volume) {
+func (s *Store) keepThick(v *Volume, fd int) {
 	if !v.Preallocate {
 		return
 	}
-	before := allocatedBytes(v.BackingFile)
-	if err := reallocate(v.BackingFile, v.SizeBytes); err != nil {
+	before := s.allocated(v.UUID)
+	if err := reallocate(fd, v.SizeBytes); err != nil {
 		s.log.Warn("thick volume could not be re-allocated", "volume", v.Name, "err", err)
 		return
 	}
-	if after := allocatedBytes(v.BackingFile); after != before {
+	if after := s.allocated(v.UUID); after != before {
 		s.log.Warn("thick volume had lost allocation to discards; re-allocated", "volume", v.Name,
 			"before", before, "after", after)
 	}

@@ -44,6 +44,13 @@ var (
 	// ErrBroken: the volume's metadata file cannot be read or parsed. It is
 	// an ErrNotReady: the volume exists, and only delete acts on it.
 	ErrBroken = fmt.Errorf("metadata unreadable: %w", ErrNotReady)
+	// ErrUnsafe: refused because something is not provably the volume's
+	// own (a symlinked or hard-linked backing file, a loop device someone
+	// else bound to it, another store's link); nothing was changed.
+	ErrUnsafe = errors.New("refused: not provably the volume's own")
+	// ErrOrphaned: the backing file is gone but a device of the volume
+	// still holds its data; detaching would lose it (see Recover).
+	ErrOrphaned = errors.New("volume orphaned: backing file gone, data only on its device")
 )
 
 // Mode is how a volume is consumed.
@@ -68,6 +75,9 @@ const (
 	// StateExpanding is never written: Status reports a ready volume with
 	// an expansion pending (ExpandingTo) in it.
 	StateExpanding State = "expanding"
+	// StateOrphaned is never stored: Status reports it for a ready volume
+	// whose backing file is gone while a device of ours still holds it.
+	StateOrphaned State = "orphaned"
 )
 
 // Supported filesystems and the smallest size mkfs accepts for each here.
@@ -285,6 +295,12 @@ func FormatSize(n int64) string {
 
 func (v *Volume) backingID() loop.FileID {
 	return loop.FileID{Dev: v.BackingDev, Inode: v.BackingInode}
+}
+
+// owner is the proof of ownership of v's devices bound to the file id:
+// read-write, from offset 0, whole file, tagged with v's UUID.
+func (v *Volume) owner(id loop.FileID) loop.Owner {
+	return loop.Owner{ID: id, Tag: tag(v.UUID)}
 }
 
 // noteBackingID records id and reports whether it changed (the file was

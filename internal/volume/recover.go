@@ -1,0 +1,149 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/fsutil"
+	"github.com/sparsevol/sparsevol/internal/loop"
+)
+
+// RecoverOptions tune Recover.
+type RecoverOptions struct {
+	// Progress, if set, is called after each copied chunk with the bytes
+	// done and the total.
+	Progress func(done, total int64)
+}
+
+// recoverChunk is how much Recover reads at a time.
+const recoverChunk = 1 << 20
+
+// Recover brings an orphaned volume back: its backing file was removed
+// while a device of ours still holds the inode, so the data is reachable
+// only through that device. Recover copies the device into a new backing
+// file, sparse (chunks of zeroes stay holes), puts it at <root>/<uuid>,
+// detaches the old device, records the new file and attaches the volume
+// again. It refuses, changing nothing, while the device is in use (a copy
+// of a mounted filesystem is not consistent: unmount it first) and when
+// the volume is not orphaned. A crash midway leaves the old device and a
+// temporary file that the next Recover replaces.
+func (s *Store) Recover(ctx context.Context, ref string, opts RecoverOptions) (*Status, error) {
+	var out *Status
+	err := s.withVolume(ref, func(v *Volume) error {
+		if _, err := s.statBacking(v.UUID); !isNotExist(err) {
+			return fmt.Errorf("recover %s: its backing file is there; only an orphaned volume is recovered: %w", v.Name, ErrInvalid)
+		}
+		ids := s.backingIDs(v)
+		bound, err := loop.Bound(ids...)
+		if err != nil {
+			return fmt.Errorf("recover %s: %w", v.Name, err)
+		}
+		ours, _ := devicesOf(v, ids, bound)
+		if len(ours) == 0 {
+			return fmt.Errorf("recover %s: no device of the volume holds its data any more; restore the file from a backup, or delete the volume: %w", v.Name, ErrInvalid)
+		}
+		if err := busy(ours); err != nil {
+			return fmt.Errorf("recover %s: %w (unmount it first: a copy of a mounted filesystem is not consistent)", v.Name, err)
+		}
+		dev := ours[0]
+		if err := s.copyOut(ctx, v, dev, opts); err != nil {
+			return fmt.Errorf("recover %s: %w", v.Name, err)
+		}
+		for _, d := range ours {
+			if err := loop.Detach(d.Path, v.owner(d.Backing)); err != nil && !errors.Is(err, loop.ErrNotAttached) {
+				return fmt.Errorf("recover %s: the data is back in %s, but: %w", v.Name, v.BackingFile, err)
+			}
+		}
+		s.log.Info("volume recovered", "volume", v.Name, "uuid", v.UUID, "from", dev.Path)
+		attached, err := s.attachLocked(ctx, v)
+		if err != nil {
+			return err
+		}
+		out = s.status(v, []*loop.Device{attached}, nil)
+		return nil
+	})
+	return out, err
+}
+
+// copyOut copies dev (held while it is read) into a temporary file of the
+// store and renames it to <root>/<uuid>.
+func (s *Store) copyOut(ctx context.Context, v *Volume, dev *loop.Device, opts RecoverOptions) error {
+	held, err := loop.Hold(dev.Path, v.owner(dev.Backing))
+	if err != nil {
+		return err
+	}
+	defer held.Close()
+	// O_EXCL: nobody mounts it while it is copied.
+	src, err := os.OpenFile(dev.Path, os.O_RDONLY|unix.O_EXCL|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	size, err := src.Seek(0, io.SeekEnd)
+	if err != nil {
+		return fmt.Errorf("size of %s: %w", dev.Path, err)
+	}
+	dir, err := s.dirFD()
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dir)
+	tmp := ".recover-" + v.UUID
+	_ = unix.Unlinkat(dir, tmp, 0) // left by a crashed recover
+	fd, err := unix.Openat(dir, tmp, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return &os.PathError{Op: "create", Path: s.backingPath(tmp), Err: err}
+	}
+	dst := os.NewFile(uintptr(fd), s.backingPath(tmp))
+	defer dst.Close()
+	done := false
+	defer func() {
+		if !done {
+			_ = unix.Unlinkat(dir, tmp, 0)
+		}
+	}()
+	buf := make([]byte, recoverChunk)
+	for off := int64(0); off < size; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n, err := src.ReadAt(buf[:min(int64(len(buf)), size-off)], off)
+		if n > 0 && !allZero(buf[:n]) {
+			if _, werr := dst.WriteAt(buf[:n], off); werr != nil {
+				return fmt.Errorf("write %s: %w", dst.Name(), werr)
+			}
+		}
+		off += int64(n)
+		if opts.Progress != nil {
+			opts.Progress(off, size)
+		}
+		if err != nil && !(errors.Is(err, io.EOF) && off >= size) {
+			return fmt.Errorf("read %s at %d: %w", dev.Path, off, err)
+		}
+	}
+	if err := dst.Truncate(size); err != nil {
+		return err
+	}
+	if err := dst.Sync(); err != nil {
+		return err
+	}
+	if err := unix.Renameat2(dir, tmp, dir, v.UUID, unix.RENAME_NOREPLACE); err != nil {
+		return fmt.Errorf("rename %s to %s: %w", tmp, v.BackingFile, err)
+	}
+	done = true
+	return fsutil.SyncDir(s.root)
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
