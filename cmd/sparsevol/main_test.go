@@ -479,22 +479,73 @@ func TestConcurrentIdenticalCreates(t *testing.T) {
 // TestDetachAfterBackingFileRemoved: a volume whose file was deleted behind
 // our back still has its device detached (found by the recorded identity
 // and the tag), by detach and by delete.
-func TestDetachAfterBackingFileRemoved(t *testing.T) {
-	for _, args := range [][]string{{"detach", "gone"}, {"detach", "--all"}, {"delete", "gone"}} {
-		t.Run(strings.Join(args, " "), func(t *testing.T) {
+// TestOrphanedVolume: a backing file removed while attached leaves the
+// data only on the device. Detach and delete refuse to lose it; recover
+// copies it back; --force gives it up.
+func TestOrphanedVolume(t *testing.T) {
+	tests := []struct {
+		name    string
+		refused [][]string // each must exit 1 and leave the device
+		then    [][]string // then these succeed
+		recover bool       // the data comes back
+	}{
+		{"recover", [][]string{{"detach", "gone"}, {"detach", "--all"}, {"delete", "gone"}, {"attach", "gone"}},
+			[][]string{{"recover", "gone"}}, true},
+		{"detach --force", nil, [][]string{{"detach", "--force", "gone"}, {"delete", "gone"}}, false},
+		{"detach --all --force", nil, [][]string{{"detach", "--all", "--force"}, {"delete", "gone"}}, false},
+		{"delete --force", nil, [][]string{{"delete", "--force", "gone"}}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
 			root := newRoot(t)
-			mustRun(t, root, "create", "gone", "--size", "8M")
+			mustRun(t, root, "create", "gone", "--size", "16M")
 			st := statuses(t, root)[0]
+			mnt := t.TempDir()
+			if err := unix.Mount(st.DataDevice, mnt, "ext4", 0, ""); err != nil {
+				t.Fatal(err)
+			}
+			data := []byte("only on the device now\n")
+			err := os.WriteFile(filepath.Join(mnt, "data"), data, 0o600)
+			if uerr := unix.Unmount(mnt, 0); err != nil || uerr != nil {
+				t.Fatal(err, uerr)
+			}
 			if err := os.Remove(st.BackingFile); err != nil {
 				t.Fatal(err)
 			}
-			mustRun(t, root, args...)
-			if devs := devicesUnder(root); len(devs) > 0 {
-				t.Fatalf("%v left %v bound to the removed file", args, devs)
+			if got := statuses(t, root)[0]; got.State != volume.StateOrphaned || got.Device != st.Device {
+				t.Fatalf("after the file went: state %s device %q, want orphaned on %s", got.State, got.Device, st.Device)
 			}
-			if args[0] == "detach" {
-				mustRun(t, root, "delete", "gone")
+			for _, args := range tt.refused {
+				r := sparsevol(t, root, nil, args...)
+				if r.code != 1 || !strings.Contains(r.stderr, "recover") {
+					t.Fatalf("%v: exit %d %q, want 1 naming recover", args, r.code, r.stderr)
+				}
+				if devs := devicesUnder(root); len(devs) != 1 {
+					t.Fatalf("%v left devices %v, want the orphan's", args, devs)
+				}
 			}
+			for _, args := range tt.then {
+				mustRun(t, root, args...)
+			}
+			if !tt.recover {
+				if devs := devicesUnder(root); len(devs) > 0 {
+					t.Fatalf("%v left %v bound", tt.then, devs)
+				}
+				return
+			}
+			got := statuses(t, root)[0]
+			if got.State != volume.StateReady || !got.Attached || got.FileMissing {
+				t.Fatalf("after recover: %+v", got)
+			}
+			if err := unix.Mount(got.DataDevice, mnt, "ext4", unix.MS_RDONLY, ""); err != nil {
+				t.Fatal(err)
+			}
+			back, err := os.ReadFile(filepath.Join(mnt, "data"))
+			unix.Unmount(mnt, 0)
+			if err != nil || !bytes.Equal(back, data) {
+				t.Fatalf("recovered data = %q, %v", back, err)
+			}
+			mustRun(t, root, "delete", "gone")
 		})
 	}
 }

@@ -156,6 +156,7 @@ template unit (sparsevol@<uuid>.service) — no network, no API server.`,
 		newDeleteCommand(g), newExpandCommand(g), newListCommand(g),
 		newStatusCommand(g), newPVCommand(g), newAdoptCommand(g),
 		newUnitsCommand(g), newDoctorCommand(g), newCSICommand(g), newTrimCommand(g),
+		newRecoverCommand(g),
 	)
 	refuseUnknownCommands(root)
 	return root, g

@@ -123,6 +123,12 @@ func newStatusCommand(g *globals) *cobra.Command {
 			for _, m := range st.MountPoints {
 				row("Mounted at", m)
 			}
+			for _, d := range st.ForeignDevices {
+				row("Foreign device", d+" (bound to the volume's file by someone else; left alone)")
+			}
+			if st.Problem != "" {
+				row("Problem", st.Problem)
+			}
 			return w.Flush()
 		},
 	}

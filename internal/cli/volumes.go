@@ -147,13 +147,17 @@ func (g *globals) attachBoot(ctx context.Context) error {
 }
 
 func newDetachCommand(g *globals) *cobra.Command {
-	var all bool
+	var all, force bool
 	cmd := &cobra.Command{
 		Use:   "detach VOLUME...|--all",
 		Short: "Detach volumes from their loop devices (idempotent)",
 		Long: `Detach each volume's loop device — for a partitioned volume the parent
-device of its partition. Refuses a mounted volume and says who holds it.
+device of its partition. Refuses a mounted volume and says who holds it,
+and an orphaned one (backing file gone, data only on its device) unless
+--force. Devices someone else bound to a volume's file are left alone.
 This is the unit's ExecStop.`,
+		Example: `  sparsevol detach data
+  sparsevol detach --all`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := allOrArgs(all, args); err != nil {
 				return err
@@ -162,29 +166,41 @@ This is the unit's ExecStop.`,
 			if err != nil {
 				return err
 			}
+			opts := volume.DetachOptions{Force: force}
 			if all {
-				return s.DetachAll(cmd.Context(), volume.DetachOptions{})
+				return s.DetachAll(cmd.Context(), opts)
 			}
-			return eachVolume(s, args, func(ref string) error { return s.Detach(cmd.Context(), ref, volume.DetachOptions{}) })
+			return eachVolume(s, args, func(ref string) error { return s.Detach(cmd.Context(), ref, opts) })
 		},
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "detach every volume of the store")
+	cmd.Flags().BoolVar(&force, "force", false, "also detach orphaned volumes, losing the data only their device still holds (see recover)")
 	return cmd
 }
 
 func newDeleteCommand(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var force bool
+	cmd := &cobra.Command{
 		Use:   "delete VOLUME...",
 		Short: "Stop and disable the unit, detach, and remove the volume and its data",
-		Args:  minArgs(1),
+		Long: `Stop and disable the volume's unit, detach it and remove its backing file and
+metadata. Refuses, changing nothing, a volume that is mounted or open, whose
+file someone else bound to a loop device or linked elsewhere, and an orphaned
+one (backing file gone, data only on its device) unless --force.`,
+		Example: `  sparsevol delete data
+  sparsevol delete --force 5e90d14a-9185-417b-a333-51ec907297f0`,
+		Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			s, err := g.store()
 			if err != nil {
 				return err
 			}
-			return eachVolume(s, args, func(ref string) error { return s.Delete(cmd.Context(), ref, volume.DetachOptions{}) })
+			opts := volume.DetachOptions{Force: force}
+			return eachVolume(s, args, func(ref string) error { return s.Delete(cmd.Context(), ref, opts) })
 		},
 	}
+	cmd.Flags().BoolVar(&force, "force", false, "also delete orphaned volumes, losing the data only their device still holds (see recover)")
+	return cmd
 }
 
 func newExpandCommand(g *globals) *cobra.Command {

@@ -100,7 +100,23 @@ func (s *Store) attachDevice(v *Volume) (*loop.Device, error) {
 			return dev, err
 		}
 	}
+	if err := linkTaken(v, id); err != nil {
+		return nil, err
+	}
 	return s.bind(v, fd)
+}
+
+// linkTaken refuses to attach v (backing file id) while its node-wide
+// /dev/sparsevol/<uuid> link serves a device that is not v's: another
+// store's volume with the same UUID. Checked before binding, so a refused
+// attach leaves no device behind.
+func linkTaken(v *Volume, id loop.FileID) error {
+	other := linkedDevice(v.UUID)
+	if other == nil || v.owner(id).Check(other) == nil {
+		return nil
+	}
+	return fmt.Errorf("attach %s: %s serves %s, a device of another file (another store's volume with this UUID?); detach that volume first: %w",
+		v.Name, linkPath(v.UUID), other.Path, ErrUnsafe)
 }
 
 // keep returns d if it stays bound to v's file, cancelling a detach the
@@ -165,9 +181,8 @@ func (s *Store) publish(v *Volume, dev *loop.Device) error {
 	if data == "" {
 		return nil
 	}
-	if other := linkedDevice(v.UUID); other != nil && other.Path != dev.Path && v.owner(other.Backing).Check(other) != nil {
-		return fmt.Errorf("attach %s: %s serves %s, a device of another file (another store's volume with this UUID?); remove the link once that volume is detached: %w",
-			v.Name, linkPath(v.UUID), other.Path, ErrUnsafe)
+	if err := linkTaken(v, dev.Backing); err != nil {
+		return err
 	}
 	if err := setLink(v.UUID, data); err != nil {
 		return fmt.Errorf("attach %s: %w", v.Name, err)
@@ -388,6 +403,10 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 			errs = append(errs, foreignError("attach", v, foreign))
 			continue
 		}
+		if err := linkTaken(v, id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
 		var dev *loop.Device
 		err = nil
 		for _, d := range ours {
@@ -591,14 +610,13 @@ func setLink(uuid, target string) error {
 
 // unpublish removes what attach published for v once its devices (ours,
 // just detached) are gone: the attached marker, and the /dev/sparsevol
-// link unless it serves a device that is neither gone nor one of ours
-// (another store's volume with the same UUID).
+// link unless it serves a bound device that is not one of ours (another
+// store's volume with the same UUID).
 func (s *Store) unpublish(v *Volume, ours []*loop.Device) {
 	if s.opts.AttachedDir != "" {
 		os.Remove(filepath.Join(s.opts.AttachedDir, v.UUID))
 	}
-	if d := linkedDevice(v.UUID); d != nil && !slices.ContainsFunc(ours, func(o *loop.Device) bool { return o.Path == d.Path }) &&
-		v.owner(d.Backing).Check(d) != nil {
+	if d := linkedDevice(v.UUID); d != nil && !slices.ContainsFunc(ours, func(o *loop.Device) bool { return o.Path == d.Path }) {
 		return
 	}
 	os.Remove(linkPath(v.UUID))

@@ -38,7 +38,7 @@ func TestBrokenMetadataSpoilsNothingElse(t *testing.T) {
 			s := newStore(t, Options{})
 			good := rawVolume(t, s, "good")
 			bad := rawVolume(t, s, "bad")
-			t.Cleanup(func() { s.DetachAll(ctx) })
+			t.Cleanup(func() { s.DetachAll(ctx, DetachOptions{}) })
 			if err := os.WriteFile(s.metaPath(bad.UUID), []byte(tt.content), 0o600); err != nil {
 				t.Fatal(err)
 			}
@@ -74,7 +74,7 @@ func TestBrokenMetadataSpoilsNothingElse(t *testing.T) {
 				fn   func() error
 			}{
 				{"attach", func() error { _, err := s.Attach(ctx, bad.UUID); return err }},
-				{"detach", func() error { return s.Detach(ctx, bad.UUID) }},
+				{"detach", func() error { return s.Detach(ctx, bad.UUID, DetachOptions{}) }},
 				{"expand", func() error { _, err := s.Expand(ctx, bad.UUID, 2*MiB, ExpandOptions{}); return err }},
 			} {
 				if err := op.fn(); !errors.Is(err, ErrBroken) || !errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), s.metaPath(bad.UUID)) {
@@ -88,13 +88,13 @@ func TestBrokenMetadataSpoilsNothingElse(t *testing.T) {
 			if len(sts) != 2 || sts[0].Name != "good" || sts[1].Name != "other" || !sts[0].Attached || !sts[1].Attached {
 				t.Errorf("AttachAll attached %+v; want good and other", sts)
 			}
-			if err := s.Delete(ctx, "good"); err != nil {
+			if err := s.Delete(ctx, "good", DetachOptions{}); err != nil {
 				t.Errorf("Delete(good): %v", err)
 			}
-			if err := s.Delete(ctx, other.UUID); err != nil {
+			if err := s.Delete(ctx, other.UUID, DetachOptions{}); err != nil {
 				t.Errorf("Delete(other): %v", err)
 			}
-			if err := s.Delete(ctx, bad.UUID); err != nil {
+			if err := s.Delete(ctx, bad.UUID, DetachOptions{}); err != nil {
 				t.Fatalf("Delete(broken): %v", err)
 			}
 			for _, p := range []string{s.metaPath(bad.UUID), bad.BackingFile, good.BackingFile} {
@@ -168,7 +168,7 @@ func TestDeleteBroken(t *testing.T) {
 			}
 			tt.prepare(t, v)
 			before := listing(t, s.Root())
-			err := s.Delete(ctx, v.UUID)
+			err := s.Delete(ctx, v.UUID, DetachOptions{})
 			if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil) != (err == nil) {
 				t.Fatalf("Delete = %v, want %v", err, tt.wantErr)
 			}

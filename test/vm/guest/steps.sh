@@ -140,7 +140,8 @@ step_s5_check_gone() {
 	for n in $(vols_of s2); do gone_facts "$n" "$n.afterReboot"; done
 }
 
-# Scenario 6: an old install's sparse files, adopted in place.
+# Scenario 6: an old install's sparse files, adopted in place: their
+# directory becomes a store (--root), so nothing moves.
 step_s6_setup() {
 	local u1 u2 f loop sha
 	mkdir -p "$OLD_DIR" "$MNT/old"
@@ -158,7 +159,7 @@ step_s6_setup() {
 	: >"$STATE/vols/s6-ext4"
 	vset s6-ext4 kind ext4
 	vset s6-ext4 uuid "$u1"
-	vset s6-ext4 root ""
+	vset s6-ext4 root "$OLD_DIR"
 	fact s6-ext4.kind ext4
 	fact s6-ext4.uuid "$u1"
 	fact s6-ext4.sha "$sha"
@@ -177,13 +178,13 @@ step_s6_setup() {
 	: >"$STATE/vols/s6-block"
 	vset s6-block kind block
 	vset s6-block uuid "$u2"
-	vset s6-block root ""
+	vset s6-block root "$OLD_DIR"
 	fact s6-block.kind block
 	fact s6-block.uuid "$u2"
 	fact s6-block.sha "$sha"
 	fact s6-block.fileBefore "$(sha256sum <"$f" | cut -d' ' -f1)"
 
-	run sparsevol adopt --dir "$OLD_DIR"
+	run sparsevol --root "$OLD_DIR" adopt --dir "$OLD_DIR"
 	fact s6.adoptExit "$?"
 	run udevadm settle
 	for n in s6-ext4 s6-block; do
@@ -206,8 +207,8 @@ step_s6_check() {
 # scale set.
 step_s7_clear() {
 	local root u
-	for root in "" "$STORE"; do
-		[ -z "$root" ] || mountpoint -q "$root" || continue
+	for root in "" "$STORE" "$OLD_DIR"; do
+		[ -z "$root" ] || mountpoint -q "$root" || [ -d "$root/.locks" ] || continue
 		# Four at a time: each delete waits for two systemd reloads.
 		sparsevol ${root:+--root "$root"} list -o json | jq -r '.[].uuid' |
 			xargs -r -P 4 -n 1 sparsevol ${root:+--root "$root"} delete || fail "delete in ${root:-default store}"
