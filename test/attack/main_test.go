@@ -1,0 +1,97 @@
+package attack
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// innerEnv marks the test binary re-executed inside its private mount
+// namespace.
+const innerEnv = "SPARSEVOL_ATTACK_INNER"
+
+// bin is the sparsevol CLI built from this checkout by TestMain.
+var bin string
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() == 0 && os.Getenv(innerEnv) != "1" {
+		os.Exit(reexec())
+	}
+	if err := hideSystemd(); err != nil {
+		fmt.Fprintln(os.Stderr, "attack:", err)
+		os.Exit(1)
+	}
+	dir, err := os.MkdirTemp("", "sparsevol-attack-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "attack:", err)
+		os.Exit(1)
+	}
+	bin, err = build(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "attack:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// reexec runs the tests again in a new mount namespace; Go makes its mounts
+// recursively private before the binary starts, so neither the tests nor
+// the plugin they start can change the host's mount table.
+func reexec() int {
+	cmd := exec.Command(os.Args[0], os.Args[1:]...)
+	cmd.Env = append(os.Environ(), innerEnv+"=1")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Run(); err != nil {
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode()
+		}
+		fmt.Fprintln(os.Stderr, "attack: re-exec in a private mount namespace:", err)
+		return 1
+	}
+	return 0
+}
+
+// build compiles ./cmd/sparsevol of the module this package belongs to.
+func build(dir string) (string, error) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		gobin = filepath.Join(runtime.GOROOT(), "bin", "go") // sudo resets PATH
+	}
+	out, err := exec.Command(gobin, "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	root := filepath.Dir(strings.TrimSpace(string(out)))
+	path := filepath.Join(dir, "sparsevol")
+	cmd := exec.Command(gobin, "build", "-o", path, "./cmd/sparsevol")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build sparsevol: %w: %s", err, out)
+	}
+	return path, nil
+}
+
+// hideSystemd covers /run/systemd with an empty tmpfs in the private mount
+// namespace, so that the CLI under test never enables or starts units of
+// the host's systemd.
+func hideSystemd() error {
+	if os.Getenv(innerEnv) != "1" {
+		return nil // not root: the tests fail (or skip) before any CLI runs
+	}
+	if _, err := os.Stat("/run/systemd/system"); err != nil {
+		return nil
+	}
+	if err := syscall.Mount("tmpfs", "/run/systemd", "tmpfs", 0, "size=1m,mode=0755"); err != nil {
+		return fmt.Errorf("hide systemd from the CLI under test: %w", err)
+	}
+	return nil
+}
