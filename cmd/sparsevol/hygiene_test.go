@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/testutil"
 )
 
 // TestKilledCLILeavesNoChild: a CLI killed with SIGKILL while mkfs runs
@@ -240,4 +242,74 @@ func TestDoctorFailsOnBrokenMetadata(t *testing.T) {
 		t.Errorf("doctor: exit %d, want 1 and a failure naming %s:\n%s%s", r.code, meta, r.stdout, r.stderr)
 	}
 	mustRun(t, root, "delete", uuid)
+}
+
+// TestCSIStoreRules: the plugin's store is checked by Open like every
+// command's: a lax one is made private and the change logged, a symbolic
+// link is refused and its target left alone.
+func TestCSIStoreRules(t *testing.T) {
+	testutil.RequireRoot(t)
+	tests := []struct {
+		name     string
+		symlink  bool
+		wantCode int // -1: serves until stopped
+	}{
+		{"lax store", false, -1},
+		{"symlinked store", true, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "store")
+			if err := os.Mkdir(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			os.Chmod(dir, 0o755)
+			root := dir
+			if tt.symlink {
+				root = dir + "-link"
+				if err := os.Symlink(dir, root); err != nil {
+					t.Fatal(err)
+				}
+			}
+			sock := filepath.Join(t.TempDir(), "csi.sock")
+			cmd := exec.Command(os.Args[0], "--root", root, "csi", "--node-id", "node-1",
+				"--endpoint", "unix://"+sock, "--kubelet-dir", t.TempDir())
+			cmd.Env = append(os.Environ(), asCLI+"=1")
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			// Wait for the plugin to exit, or to serve (its socket exists).
+			var err error
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				select {
+				case err = <-done:
+				default:
+					if _, serr := os.Stat(sock); serr != nil && time.Now().Before(deadline) {
+						continue
+					}
+					cmd.Process.Signal(unix.SIGTERM)
+					err = <-done
+					if tt.wantCode != -1 {
+						t.Fatalf("plugin serves on a store it should refuse; stderr: %s", stderr.String())
+					}
+				}
+				break
+			}
+			code := cmd.ProcessState.ExitCode()
+			if tt.wantCode == -1 && code != 0 || tt.wantCode != -1 && code != tt.wantCode {
+				t.Fatalf("plugin: %v (exit %d), want exit %d; stderr: %s", err, code, tt.wantCode, stderr.String())
+			}
+			fi, _ := os.Stat(dir)
+			switch {
+			case tt.symlink && fi.Mode().Perm() != 0o755:
+				t.Errorf("the link's target was changed to %04o", fi.Mode().Perm())
+			case !tt.symlink && (fi.Mode().Perm() != 0o700 || !strings.Contains(stderr.String(), "made it private")):
+				t.Errorf("store mode %04o, stderr %q: want 0700 and the change said", fi.Mode().Perm(), stderr.String())
+			}
+		})
+	}
 }

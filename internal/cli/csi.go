@@ -67,11 +67,11 @@ next to csi-provisioner --node-deployment (see deploy/kubernetes).`,
 				}
 			}
 			log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
-			// The plugin owns its store: make it (private) if the host
-			// path was just created for it (hostPath DirectoryOrCreate
-			// makes 0755 directories).
-			if err := ensurePrivateDir(g.root); err != nil {
-				return err
+			// The plugin owns its store: make it if the host path is
+			// missing. Open makes a lax one private (hostPath
+			// DirectoryOrCreate makes 0755 directories).
+			if err := os.MkdirAll(g.root, 0o700); err != nil {
+				return fmt.Errorf("create store %s: %w", g.root, err)
 			}
 			store, err := volume.Open(g.root, volume.Options{
 				OvercommitRatio: g.overcommit,
@@ -170,22 +170,4 @@ func buildVersion() string {
 		return bi.Main.Version
 	}
 	return "devel"
-}
-
-// ensurePrivateDir creates dir (mode 0700) if missing and takes group and
-// world access away from an existing one: volume data lives in it.
-func ensurePrivateDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("create store %s: %w", dir, err)
-	}
-	fi, err := os.Stat(dir)
-	if err != nil {
-		return fmt.Errorf("store %s: %w", dir, err)
-	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		if err := os.Chmod(dir, fi.Mode().Perm()&0o700); err != nil {
-			return fmt.Errorf("make store %s private: %w", dir, err)
-		}
-	}
-	return nil
 }
