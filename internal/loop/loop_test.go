@@ -408,9 +408,6 @@ func assertNotBoundTo(t *testing.T, path string, id FileID) {
 func TestBindLeavesUdevWatchQuiet(t *testing.T) {
 	testutil.RequireRoot(t)
 	// Whether or not udevd runs here, bind as if it did.
-	saved := UdevRunning
-	UdevRunning = func() bool { return true }
-	t.Cleanup(func() { UdevRunning = saved })
 	path, want := backingFile(t, 4<<20)
 	control, err := lockControl()
 	if err != nil {
@@ -431,7 +428,7 @@ func TestBindLeavesUdevWatchQuiet(t *testing.T) {
 		unix.Close(control)
 		t.Fatal(err)
 	}
-	dev, err := bindNumber(n, openFD(t, path), want, AttachOptions{})
+	dev, err := bindNumber(n, openFD(t, path), want, AttachOptions{QuietUdev: true})
 	unix.Close(control)
 	if err != nil {
 		t.Fatal(err)

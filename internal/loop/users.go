@@ -2,15 +2,48 @@ package loop
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"unsafe"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
+
+// Busy returns an ErrBusy error naming who uses the device (mounts, holder
+// devices, exclusive claims, processes holding it open), or nil. It changes
+// nothing, so callers can refuse an operation before starting it.
+func Busy(path string) error {
+	n, err := parseNumber(path)
+	if err != nil {
+		return err
+	}
+	users := Users(n)
+	if len(users) == 0 {
+		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_EXCL|unix.O_CLOEXEC, 0)
+		if errors.Is(err, unix.EBUSY) {
+			users = append(users, "an exclusive open (a mount in another mount namespace, a running mkfs or fsck, or device-mapper)")
+		} else if err == nil {
+			unix.Close(fd)
+		}
+	}
+	if len(users) > 0 {
+		return fmt.Errorf("%s: %w by %s", path, ErrBusy, strings.Join(users, ", "))
+	}
+	// Processes that merely have it open are often passing through (udev's
+	// probe, a `losetup -l`): give them a moment before calling it busy.
+	var holders []string
+	for wait := time.Duration(0); wait < deferredWait; wait += deferredPoll {
+		if holders = openers(n); len(holders) == 0 {
+			return nil
+		}
+		time.Sleep(deferredPoll)
+	}
+	return fmt.Errorf("%s: %w by %s", path, ErrBusy, strings.Join(holders, ", "))
+}
 
 // Users names what keeps /dev/loopN (or one of its partitions) in use in a
 // way that forbids detaching: mounts in this mount namespace and holder
@@ -144,38 +177,4 @@ func openers(n int) []string {
 		}
 	}
 	return out
-}
-
-func ioctlPtr(fd int, req uint, arg *uint64) error {
-	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(req), uintptr(unsafe.Pointer(arg)))
-	if errno != 0 {
-		return errno
-	}
-	return nil
-}
-
-// NotifyChange makes the kernel send udev a "change" event for the device
-// and its partitions, so udev probes again what mkfs or sgdisk just wrote.
-// udev re-probes on its own when a writer closes a device it watches, but
-// the watch may not be in place yet on a device bound a moment ago.
-func NotifyChange(path string) error {
-	n, err := parseNumber(path)
-	if err != nil {
-		return err
-	}
-	for _, dir := range sysDirs(n) {
-		if err := os.WriteFile(filepath.Join(dir, "uevent"), []byte("change"), 0); err != nil {
-			return fmt.Errorf("notify udev of %s: %w", filepath.Base(dir), err)
-		}
-	}
-	return nil
-}
-
-// sysDirs lists the sysfs directories of /dev/loopN and of its partitions
-// (loopNp1, ...), the device's first.
-func sysDirs(n int) []string {
-	name := fmt.Sprintf("loop%d", n)
-	dir := filepath.Join("/sys/block", name)
-	parts, _ := filepath.Glob(filepath.Join(dir, name+"p*")) // only a bad pattern errs
-	return append([]string{dir}, parts...)
 }

@@ -157,6 +157,7 @@ func (s *Store) attachOptions(v *Volume) loop.AttachOptions {
 		DirectIO:  v.DirectIO,
 		BlockSize: v.BlockSize,
 		Partscan:  v.Partitioned,
+		QuietUdev: loop.UdevRunning(),
 	}
 }
 

@@ -1,0 +1,158 @@
+package loop
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// readSysString reads a small sysfs attribute without the extra fstat
+// os.ReadFile makes; ok is false if it does not exist.
+func readSysString(path string, buf []byte) (string, bool) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", false
+	}
+	defer unix.Close(fd)
+	n, err := unix.Read(fd, buf)
+	if err != nil || n <= 0 {
+		return "", false
+	}
+	return strings.TrimSuffix(string(buf[:n]), "\n"), true
+}
+
+// openDevice opens /dev/loopN. Where /dev is not devtmpfs (some
+// containers) the node may be missing for a device the kernel has; it is
+// made from the numbers sysfs gives. ENXIO from the open means unbound or
+// being torn down.
+func openDevice(n int, flags int) (int, error) {
+	path := devicePath(n)
+	fd, err := unix.Open(path, flags|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		if merr := mknodFromSysfs(n); merr != nil {
+			return -1, fmt.Errorf("open %s: %w (and making the node: %v)", path, err, merr)
+		}
+		fd, err = unix.Open(path, flags|unix.O_CLOEXEC, 0)
+	}
+	if err != nil {
+		return -1, fmt.Errorf("open %s: %w", path, err)
+	}
+	return fd, nil
+}
+
+func mknodFromSysfs(n int) error {
+	b, err := os.ReadFile(fmt.Sprintf("/sys/block/loop%d/dev", n))
+	if err != nil {
+		return err
+	}
+	var major, minor uint32
+	if _, err := fmt.Sscanf(strings.TrimSpace(string(b)), "%d:%d", &major, &minor); err != nil {
+		return err
+	}
+	err = unix.Mknod(devicePath(n), unix.S_IFBLK|0o660, int(unix.Mkdev(major, minor)))
+	if errors.Is(err, unix.EEXIST) {
+		return nil
+	}
+	return err
+}
+
+// Size returns the size in bytes the kernel sees for the block device at
+// path (/dev/loopN or a partition of it). It reads sysfs (in 512-byte
+// sectors, whatever the logical block size), so it does not open the
+// device.
+func Size(path string) (uint64, error) {
+	var buf [32]byte
+	attr := "/sys/class/block/" + filepath.Base(path) + "/size"
+	v, ok := readSysString(attr, buf[:])
+	if !ok {
+		return 0, fmt.Errorf("size %s: cannot read %s", path, attr)
+	}
+	sectors, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("size %s: %w", path, err)
+	}
+	return sectors * 512, nil
+}
+
+// Partitions returns the partition device paths of /dev/loopN (loopNp1, ...)
+// as the kernel lists them in sysfs.
+func Partitions(path string) ([]string, error) {
+	n, err := parseNumber(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, dir := range sysDirs(n)[1:] {
+		out = append(out, "/dev/"+filepath.Base(dir))
+	}
+	return out, nil
+}
+
+// ParentOf maps a partition device (by path or symlink, e.g.
+// /dev/disk/by-partuuid/<uuid> -> /dev/loop3p1) to its whole loop device
+// (/dev/loop3); a whole loop device maps to itself. This is the lookup
+// `losetup -d` does not do.
+func ParentOf(path string) (string, error) {
+	resolved, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return "", fmt.Errorf("parent of %s: %w", path, err)
+	}
+	name := filepath.Base(resolved)
+	if _, err := parseNumber(resolved); err == nil {
+		return "/dev/" + name, nil
+	}
+	sys, err := filepath.EvalSymlinks(filepath.Join("/sys/class/block", name))
+	if err != nil {
+		return "", fmt.Errorf("parent of %s: %w", path, err)
+	}
+	if _, err := os.Stat(filepath.Join(sys, "partition")); err != nil {
+		return "", fmt.Errorf("parent of %s: %s is neither a loop device nor a partition", path, resolved)
+	}
+	parent := "/dev/" + filepath.Base(filepath.Dir(sys))
+	if _, err := parseNumber(parent); err != nil {
+		return "", fmt.Errorf("parent of %s: %s is not on a loop device", path, resolved)
+	}
+	return parent, nil
+}
+
+func devicePath(n int) string { return "/dev/loop" + strconv.Itoa(n) }
+
+func parseNumber(path string) (int, error) {
+	name := filepath.Base(path)
+	n, err := strconv.Atoi(strings.TrimPrefix(name, "loop"))
+	if !strings.HasPrefix(name, "loop") || err != nil || n < 0 {
+		return 0, fmt.Errorf("%s is not a loop device path", path)
+	}
+	return n, nil
+}
+
+// NotifyChange makes the kernel send udev a "change" event for the device
+// and its partitions, so udev probes again what mkfs or sgdisk just wrote.
+// udev re-probes on its own when a writer closes a device it watches, but
+// the watch may not be in place yet on a device bound a moment ago.
+func NotifyChange(path string) error {
+	n, err := parseNumber(path)
+	if err != nil {
+		return err
+	}
+	for _, dir := range sysDirs(n) {
+		if err := os.WriteFile(filepath.Join(dir, "uevent"), []byte("change"), 0); err != nil {
+			return fmt.Errorf("notify udev of %s: %w", filepath.Base(dir), err)
+		}
+	}
+	return nil
+}
+
+// sysDirs lists the sysfs directories of /dev/loopN and of its partitions
+// (loopNp1, ...), the device's first.
+func sysDirs(n int) []string {
+	name := fmt.Sprintf("loop%d", n)
+	dir := filepath.Join("/sys/block", name)
+	parts, _ := filepath.Glob(filepath.Join(dir, name+"p*")) // only a bad pattern errs
+	return append([]string{dir}, parts...)
+}
