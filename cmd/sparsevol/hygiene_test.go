@@ -313,3 +313,53 @@ func TestCSIStoreRules(t *testing.T) {
 		})
 	}
 }
+
+// TestDoctorBackingFileProblems: a backing file that is a symbolic link or
+// has a second link, or a loop device someone else bound to it, is a
+// failure naming the volume; operations refuse such a volume.
+func TestDoctorBackingFileProblems(t *testing.T) {
+	tests := []struct {
+		name  string
+		want  string
+		setup func(t *testing.T, file string) (undo func())
+	}{
+		{"symlinked", "symbolic link", func(t *testing.T, file string) func() {
+			moved := filepath.Join(t.TempDir(), "moved")
+			if err := os.Rename(file, moved); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(moved, file); err != nil {
+				t.Fatal(err)
+			}
+			return func() { os.Remove(file); os.Rename(moved, file) }
+		}},
+		{"hard-linked", "2 links", func(t *testing.T, file string) func() {
+			other := filepath.Join(t.TempDir(), "other")
+			if err := os.Link(file, other); err != nil {
+				t.Fatal(err)
+			}
+			return func() { os.Remove(other) }
+		}},
+		{"foreign device", "not ours", func(t *testing.T, file string) func() {
+			out, err := exec.Command("losetup", "--find", "--show", "--offset", "1048576", file).Output()
+			if err != nil {
+				t.Fatal(err)
+			}
+			dev := strings.TrimSpace(string(out))
+			return func() { exec.Command("losetup", "-d", dev).Run() }
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			root := newRoot(t)
+			uuid := strings.TrimSpace(mustRun(t, root, "create", "v", "--size", "8M", "--no-start"))
+			undo := tt.setup(t, filepath.Join(root, uuid))
+			r := sparsevol(t, root, nil, "doctor")
+			undo()
+			mustRun(t, root, "delete", "v")
+			if r.code != 1 || !strings.Contains(r.stdout, "[FAIL] volume v: ") || !strings.Contains(r.stdout, tt.want) {
+				t.Fatalf("doctor: exit %d, want 1 and a failure of volume v saying %q:\n%s%s", r.code, tt.want, r.stdout, r.stderr)
+			}
+		})
+	}
+}

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -168,23 +167,33 @@ func (g *globals) diagnose() []finding {
 		}
 	}
 
-	// Orphans, in both directions.
-	vols, _ := s.List()
+	// Volumes (their files and devices as Status proves them), then
+	// devices tagged for volumes this store does not have.
+	sts, err := s.Statuses()
+	if err != nil {
+		add("FAIL", "volumes", err.Error(), "")
+	}
 	ours := map[string]bool{}
-	for _, v := range vols {
-		ours[v.UUID] = true
+	for _, st := range sts {
+		ours[st.UUID] = true
+		check := "volume " + st.Name
 		switch {
-		case v.State == volume.StateBroken:
-			add("FAIL", "volume "+v.Name, "broken: "+v.Error,
-				"restore the file from a backup, or `sparsevol delete "+v.UUID+"`")
-		case v.State != volume.StateReady:
-			add("WARN", "volume "+v.Name, fmt.Sprintf("unfinished (%s)", v.State),
-				fmt.Sprintf("rerun the operation, or `sparsevol delete %s`", v.UUID))
-		case fileMissing(v.BackingFile):
-			add("FAIL", "volume "+v.Name, "backing file "+v.BackingFile+" is gone", "restore it from backup, or `sparsevol delete "+v.UUID+"`")
-		case systemd.Running() && v.Labels["sparsevol.io/managed-by"] == "" && !units.Enabled(v.UUID):
-			add("WARN", "volume "+v.Name, "no enabled unit: it will not come back after a reboot",
-				"systemctl enable --now "+systemd.UnitName(v.UUID))
+		case st.State == volume.StateBroken:
+			add("FAIL", check, stateNote(st), "")
+		case st.Problem != "":
+			// Symlinked or hard-linked backing file, a foreign device
+			// on it, or an orphan: operations refuse the volume.
+			add("FAIL", check, st.Problem, "")
+		case st.State == volume.StateExpanding:
+			add("WARN", check, stateNote(st), "")
+		case st.State != volume.StateReady:
+			add("WARN", check, fmt.Sprintf("unfinished (%s)", st.State),
+				fmt.Sprintf("rerun the operation, or `sparsevol delete %s`", st.UUID))
+		case st.FileMissing:
+			add("FAIL", check, "backing file "+st.BackingFile+" is gone", "restore it from backup, or `sparsevol delete "+st.UUID+"`")
+		case systemd.Running() && st.Labels["sparsevol.io/managed-by"] == "" && !units.Enabled(st.UUID):
+			add("WARN", check, "no enabled unit: it will not come back after a reboot",
+				"systemctl enable --now "+systemd.UnitName(st.UUID))
 		}
 	}
 	return append(out, taggedDevices(s.Root(), ours)...)
@@ -265,11 +274,6 @@ func storeFilesystem(root string) finding {
 		return finding{"FAIL", check, fmt.Sprintf("no inodes left on the store's filesystem (%d in all)", st.Files), fix}
 	}
 	return finding{"OK", check, fmt.Sprintf("%s (doctor fails below %d%%)", detail, storeFullPercent), ""}
-}
-
-func fileMissing(path string) bool {
-	_, err := os.Stat(path)
-	return errors.Is(err, os.ErrNotExist)
 }
 
 // partitionSupport tries what partitioned volumes need: a GPT on a loop
