@@ -270,6 +270,13 @@ type state struct {
 // snapshot records the case's world.
 func (c *kase) snapshot() state {
 	c.t.Helper()
+	return c.snapshotWith(nil)
+}
+
+// snapshotWith records the case's world, with the /dev/sparsevol links of
+// extra UUIDs (those of volumes that were there before).
+func (c *kase) snapshotWith(extra []string) state {
+	c.t.Helper()
 	s := state{sums: map[string]string{}, links: map[string]string{}, stores: map[string]string{}}
 	for _, p := range c.watched {
 		s.sums[p] = digest(p)
@@ -280,7 +287,7 @@ func (c *kase) snapshot() state {
 		s.loops[dev] = l.String()
 	}
 	s.mounts = c.mounts(loops)
-	uuids := slices.Clone(c.uuids)
+	uuids := append(slices.Clone(c.uuids), extra...)
 	for _, st := range c.stores {
 		s.stores[st] = c.storeListing(st)
 		uuids = append(uuids, storeUUIDs(st)...)
@@ -294,7 +301,11 @@ func (c *kase) snapshot() state {
 // unchanged fails the case for every difference between before and now.
 func (c *kase) unchanged(before state) {
 	c.t.Helper()
-	now := c.snapshot()
+	var uuids []string
+	for u := range before.links {
+		uuids = append(uuids, u)
+	}
+	now := c.snapshotWith(uuids)
 	diffMap(c.t, "victim", before.sums, now.sums)
 	diffMap(c.t, "loop device", before.loops, now.loops)
 	diffMap(c.t, "/dev/sparsevol link", before.links, now.links)
