@@ -646,10 +646,9 @@ func (s *Store) markAttached(uuid string) error {
 // waitForLink polls until link resolves to dev or one of its partitions,
 // or ctx ends.
 func waitForLink(ctx context.Context, link, dev string) error {
-	// Poll with a backoff from 5 ms to 100 ms: at boot a hundred units wait
-	// at once, and tight polling takes the CPU udev needs to make the links.
-	// No extra change events either: they flood udev's queue (measured in
-	// the VM test: 38 s to kubelet became 200 s).
+	// Poll with a backoff: at boot many units wait at once, and tight
+	// polling takes the CPU udev needs to make the links. No extra change
+	// events either: they flood udev's queue (docs/design.md).
 	interval := 5 * time.Millisecond
 	for {
 		if target, err := filepath.EvalSymlinks(link); err == nil {
