@@ -112,6 +112,10 @@ func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 		// No device, so nothing at the staging path can be the volume's.
 		return &csi.NodeUnstageVolumeResponse{}, nil
 	}
+	if st.State == volume.StateOrphaned {
+		// Detach would refuse after the unmount; refuse before it.
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s stays staged: %s", v.UUID, st.Problem)
+	}
 	uses, err := deviceUses(st.DataDevice)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "volume %s: %v", v.UUID, err)
