@@ -49,7 +49,7 @@ func TestOpenMakesStorePrivate(t *testing.T) {
 			for _, d := range []string{lockDir, "lost+found"} {
 				os.Mkdir(filepath.Join(dir, d), 0o700)
 			}
-			for _, f := range []string{uuid, uuid + metaExt, ".tmp-" + uuid + metaExt + "-123"} {
+			for _, f := range []string{uuid, uuid + metaExt, ".tmp-" + uuid + metaExt + "-123", ".recover-" + uuid, ".doctor-42"} {
 				os.WriteFile(filepath.Join(dir, f), nil, 0o600)
 			}
 			return dir

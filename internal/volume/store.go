@@ -168,11 +168,13 @@ func openPrivate(dir string, log *slog.Logger) ([]string, error) {
 }
 
 // storeEntry reports whether name is one the store itself makes: a
-// volume's file or metadata, the lock directory, a temporary file of ours,
-// or the lost+found of a filesystem made for the store.
+// volume's file or metadata, the lock directory, a temporary file of ours
+// (metadata, recover's copy, doctor's probe), or the lost+found of a
+// filesystem made for the store.
 func storeEntry(name string) bool {
 	_, temp := staleTempUUID(name)
-	return temp || name == lockDir || name == "lost+found" || strings.HasPrefix(name, ".doctor-") ||
+	return temp || name == lockDir || name == "lost+found" ||
+		strings.HasPrefix(name, ".doctor-") || ValidUUID(strings.TrimPrefix(name, ".recover-")) ||
 		ValidUUID(name) || ValidUUID(strings.TrimSuffix(name, metaExt))
 }
 
