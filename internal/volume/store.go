@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -470,7 +471,9 @@ func (s *Store) space(vols []*Volume) (Space, error) {
 		sp.CommittedBytes += max(v.SizeBytes, v.ExpandingTo)
 		sp.AllocatedBytes += s.allocated(v.UUID)
 	}
-	limit := int64(s.opts.OvercommitRatio * float64(sp.FreeBytes+sp.AllocatedBytes))
+	// Clamped before the conversion: a float beyond int64 converts to
+	// whatever the CPU makes of it (math.MinInt64 on amd64).
+	limit := int64(min(s.opts.OvercommitRatio*float64(sp.FreeBytes+sp.AllocatedBytes), math.MaxInt64/2))
 	sp.CapacityBytes = max(0, limit-sp.CommittedBytes)
 	return sp, nil
 }
