@@ -10,11 +10,11 @@ import (
 
 // deleteBroken removes a broken volume (metadata that cannot be read), under
 // its lock: the backing file <root>/<uuid>, then the metadata, so a crash in
-// between leaves it broken, not a file no metadata names. Nothing records
-// what the file held, so it is removed only where it is provably the
-// volume's own: a regular file with one link that no loop device holds.
-// A device on it refuses the delete, changing nothing (ErrBusy); a file that
-// is not provably the volume's is left in place, and the log says so.
+// between leaves it broken, not a file no metadata names. The backing file
+// is removed only where the backing file rules allow (see backing.go) and
+// no loop device holds it: a device on it refuses the delete, changing
+// nothing (ErrBusy); a file the rules refuse is left in place, and the log
+// says so.
 func (s *Store) deleteBroken(uuid string) error {
 	unlock, err := s.lock(uuid)
 	if err != nil {
@@ -27,12 +27,11 @@ func (s *Store) deleteBroken(uuid string) error {
 	case !errors.Is(err, ErrBroken):
 		return fmt.Errorf("delete %s: %w", uuid, err)
 	}
-	path := s.backingPath(uuid)
 	st, err := s.statBacking(uuid)
 	switch {
 	case isNotExist(err):
 	case errors.Is(err, ErrUnsafe):
-		s.log.Warn("broken volume's backing file left in place", "uuid", uuid, "why", err)
+		s.log.Warn("broken volume's backing file left in place", "uuid", uuid, "reason", err)
 	case err != nil:
 		return fmt.Errorf("delete %s: %w", uuid, err)
 	default:
@@ -47,7 +46,7 @@ func (s *Store) deleteBroken(uuid string) error {
 				paths[i] = d.Path
 			}
 			return fmt.Errorf("delete %s: %s holds %s (detach it with losetup -d once nothing uses it): %w",
-				uuid, strings.Join(paths, ", "), path, ErrBusy)
+				uuid, strings.Join(paths, ", "), s.backingPath(uuid), ErrBusy)
 		}
 		if err := s.removeBacking(uuid); err != nil {
 			return fmt.Errorf("delete %s: %w", uuid, err)
