@@ -205,23 +205,36 @@ one (backing file gone, data only on its device) unless --force.`,
 
 func newExpandCommand(g *globals) *cobra.Command {
 	var size string
+	var abandon bool
 	cmd := &cobra.Command{
-		Use:   "expand VOLUME --size SIZE",
+		Use:   "expand VOLUME --size SIZE | --abandon",
 		Short: "Grow a volume: file, loop device, partition, filesystem",
-		Args:  exactArgs(1),
+		Long: `Grow a volume: its backing file, the loop device, the partition, the
+filesystem. If a step after the first fails, the expansion stays pending
+(state expanding): rerun with the same --size to finish it, or --abandon
+to put the file back to the old size while nothing uses the new space.`,
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if size == "" {
-				return usagef("--size is required")
+			if (size == "") == !abandon {
+				return usagef("give --size or --abandon")
 			}
-			bytes, err := volume.ParseSize(size)
-			if err != nil {
-				return err
+			var bytes int64
+			if !abandon {
+				var err error
+				if bytes, err = volume.ParseSize(size); err != nil {
+					return err
+				}
 			}
 			s, err := g.store()
 			if err != nil {
 				return err
 			}
-			v, err := s.Expand(cmd.Context(), args[0], bytes, volume.ExpandOptions{})
+			var v *volume.Volume
+			if abandon {
+				v, err = s.AbandonExpand(cmd.Context(), args[0])
+			} else {
+				v, err = s.Expand(cmd.Context(), args[0], bytes, volume.ExpandOptions{})
+			}
 			if err != nil {
 				return err
 			}
@@ -230,6 +243,7 @@ func newExpandCommand(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&size, "size", "", "new logical size (must be larger)")
+	cmd.Flags().BoolVar(&abandon, "abandon", false, "abandon a pending expansion: the backing file goes back to the volume's size")
 	return cmd
 }
 

@@ -29,7 +29,10 @@ type ExpandOptions struct {
 // LOOP_SET_CAPACITY, then the partition of a partitioned block volume, then
 // the filesystem (online where mounted, through a private temporary mount
 // otherwise). Shrinking is refused. Each step is idempotent, and the target
-// is recorded before the first, so a rerun after a crash finishes it.
+// is recorded before the first, so a rerun after a crash finishes it. If
+// growing the file fails and leaves it as it was, nothing stays pending;
+// after a later step fails, the expansion is pending (Status says
+// expanding) until a rerun finishes it or AbandonExpand takes it back.
 func (s *Store) Expand(ctx context.Context, ref string, newSize int64, opts ExpandOptions) (*Volume, error) {
 	if newSize <= 0 {
 		return nil, fmt.Errorf("expand %s: size must be positive: %w", ref, ErrInvalid)
@@ -49,7 +52,7 @@ func (s *Store) Expand(ctx context.Context, ref string, newSize int64, opts Expa
 		case v.ExpandingTo != 0 && newSize < v.ExpandingTo:
 			// The file may already have that size: a smaller target would
 			// record less than what is on disk.
-			return fmt.Errorf("expand %s: an expansion to %s is pending; finish it first with --size %s: %w",
+			return fmt.Errorf("expand %s: an expansion to %s is pending; finish it first with --size %s, or abandon it with --abandon: %w",
 				v.Name, FormatSize(v.ExpandingTo), FormatSize(v.ExpandingTo), ErrInvalid)
 		case newSize == v.SizeBytes && v.ExpandingTo == 0:
 			if opts.FileOnly {
@@ -85,7 +88,7 @@ func (s *Store) Expand(ctx context.Context, ref string, newSize int64, opts Expa
 		err = sizeBacking(fd, target, v.Preallocate)
 		unix.Close(fd)
 		if err != nil {
-			return fmt.Errorf("expand %s: %w", v.Name, err)
+			return s.fileNotGrown(v, fmt.Errorf("expand %s: %w", v.Name, err))
 		}
 		crashPoint("expand:file")
 		if err := s.growDevice(ctx, v, opts.FileOnly); err != nil {
@@ -101,6 +104,128 @@ func (s *Store) Expand(ctx context.Context, ref string, newSize int64, opts Expa
 		return nil
 	})
 	return out, err
+}
+
+// fileNotGrown is called, under v's lock, when growing v's backing file
+// failed with cause: if the file is no larger than v's size, nothing
+// changed, and the target recorded for it goes again (a target that can
+// never be reached would otherwise hold its space and block every other
+// expansion). A file grown in part keeps the expansion pending.
+func (s *Store) fileNotGrown(v *Volume, cause error) error {
+	if v.ExpandingTo == 0 {
+		return cause
+	}
+	st, err := s.statBacking(v.UUID)
+	if err != nil || st.Size > v.SizeBytes {
+		return cause
+	}
+	v.ExpandingTo = 0
+	if err := s.writeMeta(v); err != nil {
+		return errors.Join(cause, err)
+	}
+	return cause
+}
+
+// AbandonExpand takes back a pending expansion: the backing file goes back
+// to the volume's recorded size and nothing is pending any more. Only
+// while nothing beyond that size can be in use: no loop device has grown,
+// no partition table or filesystem reaches beyond it. Otherwise it refuses
+// with ErrBusy, changing nothing: the expansion must be finished. With no
+// expansion pending it is ErrInvalid.
+func (s *Store) AbandonExpand(ctx context.Context, ref string) (*Volume, error) {
+	var out *Volume
+	err := s.withVolume(ref, func(v *Volume) error {
+		if v.State != StateReady {
+			return fmt.Errorf("abandon expansion of %s: state %s: %w", v.Name, v.State, ErrNotReady)
+		}
+		if v.ExpandingTo == 0 {
+			return fmt.Errorf("abandon expansion of %s: no expansion is pending: %w", v.Name, ErrInvalid)
+		}
+		s.cleanupTempMount(v) // ours, left by an expansion that crashed
+		fd, id, err := s.openBacking(v.UUID, unix.O_RDWR)
+		if err != nil {
+			return fmt.Errorf("abandon expansion of %s: %w", v.Name, err)
+		}
+		defer unix.Close(fd)
+		if err := s.usedBeyond(v, fd, id); err != nil {
+			return fmt.Errorf("abandon expansion of %s to %s (finish it instead: `sparsevol expand %s --size %s`): %w",
+				v.Name, FormatSize(v.ExpandingTo), v.UUID, FormatSize(v.ExpandingTo), err)
+		}
+		if err := shrinkBacking(fd, v.SizeBytes); err != nil {
+			return fmt.Errorf("abandon expansion of %s: %w", v.Name, err)
+		}
+		crashPoint("abandon:file")
+		v.ExpandingTo = 0
+		if err := s.writeMeta(v); err != nil {
+			return err
+		}
+		s.log.Info("expansion abandoned", "volume", v.Name, "uuid", v.UUID, "size", v.SizeBytes)
+		out = v
+		return nil
+	})
+	return out, err
+}
+
+// usedBeyond returns an error if anything may use v's open backing file fd
+// (identity id) beyond v.SizeBytes: a loop device someone else bound to
+// it (ErrUnsafe), one of ours with a larger capacity, or a partition table
+// or filesystem in the file that reaches further (read from the file
+// itself: no device shows more of it) (ErrBusy).
+func (s *Store) usedBeyond(v *Volume, fd int, id loop.FileID) error {
+	bound, err := loop.Bound(id)
+	if err != nil {
+		return err
+	}
+	ours, foreign := devicesOf(v, []loop.FileID{id}, bound)
+	if len(foreign) > 0 {
+		return foreignError("abandon the expansion of", v, foreign)
+	}
+	for _, d := range ours {
+		size, err := loop.Size(d.Path)
+		if err != nil {
+			return err
+		}
+		if int64(size) > v.SizeBytes {
+			return fmt.Errorf("%s has grown to %s already: %w", d.Path, FormatSize(int64(size)), ErrBusy)
+		}
+	}
+	var what string
+	var end int64
+	switch {
+	case v.Partitioned:
+		what = "the partition table"
+		end, err = gptEnd(fd, int64(v.sectorSize()))
+	case v.Mode == ModeFilesystem:
+		what = "the " + v.FSType + " filesystem"
+		end, err = fsEnd(fd, v.FSType)
+	}
+	if err != nil {
+		return fmt.Errorf("cannot tell how far %s reaches: %w: %w", what, err, ErrBusy)
+	}
+	if end > v.SizeBytes {
+		return fmt.Errorf("%s has grown to %s already: %w", what, FormatSize(end), ErrBusy)
+	}
+	return nil
+}
+
+// shrinkBacking cuts the open backing file fd back to size, which Expand
+// had grown; a file no larger is left alone.
+func shrinkBacking(fd int, size int64) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("shrink backing file: %w", err)
+	}
+	if st.Size <= size {
+		return nil
+	}
+	err := unix.Ftruncate(fd, size)
+	if err == nil {
+		err = unix.Fsync(fd)
+	}
+	if err != nil {
+		return fmt.Errorf("shrink backing file to %d: %w", size, err)
+	}
+	return nil
 }
 
 // GrowFilesystem brings an attached volume's device, partition and

@@ -93,6 +93,9 @@ func (s *Store) statusFound(v *Volume, ids []loop.FileID, bound map[loop.FileID]
 		st.State = StateOrphaned
 		st.Problem = s.orphaned(v, ours).Error()
 	}
+	if st.State == StateReady && v.ExpandingTo != 0 {
+		st.State = StateExpanding
+	}
 	return st
 }
 

@@ -1,0 +1,209 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"os"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/loop"
+)
+
+// TestExpandFailureBeforeAnyChange: when the backing file cannot grow (here:
+// beyond RLIMIT_FSIZE, the EFBIG of a size the filesystem cannot hold),
+// nothing stays pending: the volume is ready at its size, the space it
+// would have taken is free again, and other expansions and creates work.
+func TestExpandFailureBeforeAnyChange(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, Options{OvercommitRatio: 1e9})
+	rawVolume(t, s, "v")
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_FSIZE, &old); err != nil {
+		t.Fatal(err)
+	}
+	limit := unix.Rlimit{Cur: 8 * MiB, Max: old.Max}
+	if err := unix.Setrlimit(unix.RLIMIT_FSIZE, &limit); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.Expand(ctx, "v", 20<<40, ExpandOptions{})
+	if err := unix.Setrlimit(unix.RLIMIT_FSIZE, &old); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(err, unix.EFBIG) {
+		t.Fatalf("Expand beyond the file size limit = %v, want EFBIG", err)
+	}
+	st, err := s.Status("v")
+	if err != nil || st.State != StateReady || st.ExpandingTo != 0 || st.SizeBytes != MiB || st.FileSizeBytes != MiB {
+		t.Fatalf("after a failed first step: %+v, %v; want ready, 1 MiB, nothing pending", st, err)
+	}
+	if sp, err := s.Space(); err != nil || sp.CommittedBytes != MiB {
+		t.Errorf("committed %d (%v) after the failed expansion, want %d", sp.CommittedBytes, err, MiB)
+	}
+	if _, err := s.AbandonExpand(ctx, "v"); !errors.Is(err, ErrInvalid) {
+		t.Errorf("AbandonExpand with nothing pending = %v, want ErrInvalid", err)
+	}
+	if v, err := s.Expand(ctx, "v", 2*MiB, ExpandOptions{}); err != nil || v.SizeBytes != 2*MiB {
+		t.Errorf("a later expansion: %+v, %v", v, err)
+	}
+	rawVolume(t, s, "w")
+}
+
+// TestExpandPending: a partial expansion (what a failure or crash after
+// the file grew leaves) shows as state expanding with its target; it can
+// be abandoned while nothing beyond the old size is in use, else abandon
+// refuses and changes nothing; either way it can be finished.
+func TestExpandPending(t *testing.T) {
+	tests := []struct {
+		name    string
+		req     CreateRequest
+		attach  bool
+		grow    func(t *testing.T, s *Store, v *Volume) // what the failed steps got done beyond the file
+		wantErr error                                   // of AbandonExpand
+	}{
+		{"file only, detached", CreateRequest{Mode: ModeBlock, NoPartition: true}, false, nil, nil},
+		{"file only, attached ext4", CreateRequest{FSType: "ext4"}, true, nil, nil},
+		{"device grown", CreateRequest{Mode: ModeBlock, NoPartition: true}, true, func(t *testing.T, s *Store, v *Volume) {
+			st, err := s.Status(v.UUID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fst, err := s.statBacking(v.UUID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := loop.SetCapacity(st.Device, v.owner(loop.FileID{Dev: fst.Dev, Inode: fst.Ino})); err != nil {
+				t.Fatal(err)
+			}
+		}, ErrBusy},
+		{"filesystem grown", CreateRequest{FSType: "ext4"}, false, func(t *testing.T, s *Store, v *Volume) {
+			run(t, "e2fsck", "-f", "-p", v.BackingFile)
+			run(t, "resize2fs", v.BackingFile)
+		}, ErrBusy},
+		{"partition table grown", CreateRequest{Mode: ModeBlock}, false, func(t *testing.T, s *Store, v *Volume) {
+			st, err := s.Attach(context.Background(), v.UUID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			run(t, "sgdisk", "--move-second-header", st.Device)
+			if err := s.Detach(context.Background(), v.UUID, DetachOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}, ErrBusy},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			s := newStore(t, Options{})
+			req := tt.req
+			req.Name, req.SizeBytes, req.KeepAttached = "v", 16*MiB, tt.attach
+			v := mustCreate(t, s, req)
+			t.Cleanup(func() { s.DetachAll(ctx, DetachOptions{}) })
+			// What Expand leaves when the steps after the file fail.
+			v.ExpandingTo = 32 * MiB
+			if err := s.writeMeta(v); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(v.BackingFile, 32*MiB); err != nil {
+				t.Fatal(err)
+			}
+			if tt.grow != nil {
+				tt.grow(t, s, v)
+			}
+
+			st, err := s.Status("v")
+			if err != nil || st.State != StateExpanding || st.ExpandingTo != 32*MiB || st.SizeBytes != 16*MiB {
+				t.Fatalf("partial expansion shown as %s, size %d, target %d (%v); want expanding, 16 MiB, target 32 MiB",
+					st.State, st.SizeBytes, st.ExpandingTo, err)
+			}
+			sts, err := s.Statuses()
+			if err != nil || len(sts) != 1 || sts[0].State != StateExpanding {
+				t.Fatalf("Statuses = %+v, %v; want one expanding", sts, err)
+			}
+			if _, err := s.Expand(ctx, "v", 20*MiB, ExpandOptions{}); !errors.Is(err, ErrInvalid) {
+				t.Errorf("Expand below the pending target = %v, want ErrInvalid", err)
+			}
+
+			before := listing(t, s.Root())
+			_, err = s.AbandonExpand(ctx, "v")
+			if !errors.Is(err, tt.wantErr) || (err == nil) != (tt.wantErr == nil) {
+				t.Fatalf("AbandonExpand = %v, want %v", err, tt.wantErr)
+			}
+			if err != nil {
+				if after := listing(t, s.Root()); after != before {
+					t.Errorf("refused abandon changed the store:\n%s\nwas\n%s", after, before)
+				}
+				if v, err := s.Expand(ctx, "v", 32*MiB, ExpandOptions{}); err != nil || v.SizeBytes != 32*MiB || v.ExpandingTo != 0 {
+					t.Fatalf("finishing the expansion: %+v, %v", v, err)
+				}
+				if st, err := s.Status("v"); err != nil || st.State != StateReady || st.FileSizeBytes != 32*MiB {
+					t.Errorf("after finishing: %+v, %v; want ready, file 32 MiB", st, err)
+				}
+				return
+			}
+			st, err = s.Status("v")
+			if err != nil || st.State != StateReady || st.ExpandingTo != 0 || st.SizeBytes != 16*MiB || st.FileSizeBytes != 16*MiB {
+				t.Fatalf("after abandon: %+v, %v; want ready, file and size 16 MiB", st, err)
+			}
+			if tt.req.FSType != "" {
+				dev := st.Device
+				if dev == "" {
+					a, err := s.Attach(ctx, "v")
+					if err != nil {
+						t.Fatal(err)
+					}
+					dev = a.Device
+				}
+				if err := s.CheckFilesystem(ctx, v, dev); err != nil {
+					t.Errorf("after abandon: %v", err)
+				}
+			}
+			if v, err := s.Expand(ctx, "v", 32*MiB, ExpandOptions{}); err != nil || v.SizeBytes != 32*MiB {
+				t.Errorf("expanding again after abandon: %+v, %v", v, err)
+			}
+		})
+	}
+}
+
+// TestFsEnd: the filesystem sizes read from the superblocks are what mkfs
+// made.
+func TestFsEnd(t *testing.T) {
+	for _, tt := range []struct {
+		fs   string
+		size int64
+		mkfs []string
+	}{
+		{"ext4", 64 * MiB, []string{"mkfs.ext4", "-q", "-F"}},
+		{"xfs", 320 * MiB, []string{"mkfs.xfs", "-q", "-f"}},
+	} {
+		t.Run(tt.fs, func(t *testing.T) {
+			path := t.TempDir() + "/img"
+			if err := os.WriteFile(path, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(path, 2*tt.size); err != nil {
+				t.Fatal(err)
+			}
+			args := append(tt.mkfs[1:], path)
+			if tt.fs == "ext4" {
+				args = append(args, "65536") // 1 KiB blocks
+			} else {
+				args = append([]string{"-d", "size=320m"}, args...)
+			}
+			run(t, tt.mkfs[0], args...)
+			f, err := os.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			fd := int(f.Fd())
+			if got, err := fsEnd(fd, tt.fs); err != nil || got != tt.size {
+				t.Errorf("fsEnd = %d, %v; want %d", got, err, tt.size)
+			}
+			if _, err := fsEnd(fd, map[string]string{"ext4": "xfs", "xfs": "ext4"}[tt.fs]); err == nil {
+				t.Errorf("fsEnd as the other filesystem: no error")
+			}
+		})
+	}
+}
