@@ -6,6 +6,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // The CSI socket and kubelet's registration socket are 0600 (0660 with
@@ -33,6 +34,11 @@ func TestSocketModes(t *testing.T) {
 			}
 			for _, s := range socks {
 				fi, err := os.Stat(s)
+				// The plugin listens on its sockets one after the other.
+				for deadline := time.Now().Add(10 * time.Second); err != nil && time.Now().Before(deadline); {
+					time.Sleep(20 * time.Millisecond)
+					fi, err = os.Stat(s)
+				}
 				if err != nil {
 					t.Errorf("socket %s: %v", s, err)
 					continue
