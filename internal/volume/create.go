@@ -34,8 +34,11 @@ type CreateRequest struct {
 	KeepAttached bool
 }
 
-// normalize fills defaults and validates, without touching anything.
-func (r *CreateRequest) normalize() error {
+// Normalize fills defaults and checks the whole request (name, UUID,
+// layout, size) without touching anything: the one home of the rules a
+// new volume must meet. Create calls it; callers may call it first to
+// refuse a request early. Errors wrap ErrInvalid.
+func (r *CreateRequest) Normalize() error {
 	if err := ValidateName(r.Name); err != nil {
 		return err
 	}
@@ -48,6 +51,36 @@ func (r *CreateRequest) normalize() error {
 			return fmt.Errorf("uuid %s is the nil UUID, which names no filesystem: %w", r.UUID, ErrInvalid)
 		}
 	}
+	if err := r.NormalizeLayout(); err != nil {
+		return err
+	}
+	return r.NormalizeSize()
+}
+
+// NormalizeSize rounds the size up to a whole MiB and checks it against
+// the bounds of the layout (call NormalizeLayout first). Errors wrap
+// ErrInvalid.
+func (r *CreateRequest) NormalizeSize() error {
+	if r.SizeBytes <= 0 {
+		return fmt.Errorf("size must be positive: %w", ErrInvalid)
+	}
+	if r.SizeBytes > maxSize {
+		return fmt.Errorf("size %d is too large (at most %s): %w", r.SizeBytes, FormatSize(maxSize+1), ErrInvalid)
+	}
+	r.SizeBytes = RoundUpMiB(r.SizeBytes)
+	if minimum := MinSize(r.FSType); r.SizeBytes < minimum {
+		return fmt.Errorf("size %s is below the minimum of %s for %s: %w", FormatSize(r.SizeBytes), FormatSize(minimum), r.kind(), ErrInvalid)
+	}
+	return nil
+}
+
+// NormalizeLayout fills defaults and checks what the volume will hold:
+// mode, filesystem, partitioning and mkfs options (tokenised and checked
+// against the allow-list). With NormalizeSize it is the part of Normalize
+// for callers that choose the size after the filesystem (the CSI driver
+// raises a capacity range to the filesystem's minimum) and know no name.
+// Errors wrap ErrInvalid.
+func (r *CreateRequest) NormalizeLayout() error {
 	if r.Mode == "" {
 		r.Mode = ModeFilesystem
 	}
@@ -56,7 +89,7 @@ func (r *CreateRequest) normalize() error {
 		if r.FSType == "" {
 			r.FSType = "ext4"
 		}
-		if r.FSType != "ext4" && r.FSType != "xfs" {
+		if _, ok := mkfsAllowed[r.FSType]; !ok {
 			return fmt.Errorf("filesystem %q is not supported (ext4, xfs): %w", r.FSType, ErrInvalid)
 		}
 		if r.NoPartition {
@@ -66,26 +99,14 @@ func (r *CreateRequest) normalize() error {
 		if r.FSType != "" {
 			return fmt.Errorf("a filesystem (%s) cannot be given for a block mode volume: %w", r.FSType, ErrInvalid)
 		}
-		if len(r.MkfsOptions) > 0 {
-			return fmt.Errorf("mkfs options cannot be given for a block mode volume: %w", ErrInvalid)
-		}
 	default:
 		return fmt.Errorf("mode %q is not supported (filesystem, block): %w", r.Mode, ErrInvalid)
 	}
-	if r.SizeBytes <= 0 {
-		return fmt.Errorf("size must be positive: %w", ErrInvalid)
+	opts, err := NormalizeMkfsOptions(r.FSType, r.MkfsOptions)
+	if err != nil {
+		return err
 	}
-	r.SizeBytes = RoundUpMiB(r.SizeBytes)
-	if minimum := MinSize(r.FSType); r.SizeBytes < minimum {
-		return fmt.Errorf("size %s is below the minimum of %s for %s: %w", FormatSize(r.SizeBytes), FormatSize(minimum), r.kind(), ErrInvalid)
-	}
-	for _, opt := range r.MkfsOptions {
-		for _, f := range strings.Fields(opt) {
-			if f == "-U" || strings.HasPrefix(f, "uuid=") || strings.Contains(f, ",uuid=") {
-				return fmt.Errorf("mkfs option %q would change the volume UUID, which is the filesystem UUID: %w", opt, ErrInvalid)
-			}
-		}
-	}
+	r.MkfsOptions = opts
 	return nil
 }
 
@@ -99,7 +120,7 @@ func (r *CreateRequest) kind() string {
 func (r *CreateRequest) compatible(v *Volume) bool {
 	return v.SizeBytes == r.SizeBytes && v.Mode == r.Mode && v.FSType == r.FSType &&
 		v.Partitioned == (r.Mode == ModeBlock && !r.NoPartition) &&
-		v.Preallocate == r.Preallocate && slices.Equal(v.MkfsOptions, r.MkfsOptions) &&
+		v.Preallocate == r.Preallocate && slices.Equal(mkfsTokens(v.MkfsOptions), r.MkfsOptions) &&
 		(r.UUID == "" || r.UUID == v.UUID)
 }
 
@@ -111,7 +132,7 @@ func (r *CreateRequest) compatible(v *Volume) bool {
 // Creating a name that exists returns ErrExists, unless the existing volume
 // is unfinished and the request is the same, in which case it is finished.
 func (s *Store) Create(ctx context.Context, req CreateRequest) (*Volume, error) {
-	if err := req.normalize(); err != nil {
+	if err := req.Normalize(); err != nil {
 		return nil, fmt.Errorf("create %s: %w", req.Name, err)
 	}
 	v, err := s.reserve(req)
@@ -273,33 +294,16 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) error {
 // volume UUID. Only ever called on a volume in state creating, so any
 // content is ours and half-made: formatting is forced.
 func (s *Store) format(ctx context.Context, v *Volume, dev *loop.Device) error {
-	var args []string
-	var prog string
-	switch {
-	case v.FSType == "ext4":
-		prog = "mkfs.ext4"
-		args = []string{"-q", "-F", "-U", v.UUID}
-		if v.Preallocate {
-			args = append(args, "-E", "nodiscard")
-		}
-	case v.FSType == "xfs":
-		prog = "mkfs.xfs"
-		args = []string{"-q", "-f", "-m", "uuid=" + v.UUID}
-		if v.Preallocate {
-			args = append(args, "-K")
-		}
-	case v.Partitioned:
-		prog = "sgdisk"
-		args = []string{"--clear", "--new=1:0:0", "--partition-guid=1:" + v.UUID,
-			"--typecode=1:8300", "--change-name=1:" + partitionName}
-	default:
+	// The options were checked when the volume was reserved; the
+	// metadata is checked again, never trusted.
+	if _, err := NormalizeMkfsOptions(v.FSType, v.MkfsOptions); err != nil {
+		return fmt.Errorf("format %s: recorded %w", v.Name, err)
+	}
+	prog, args := mkfsCommand(v, dev.Path)
+	if prog == "" {
 		// Whole-device raw volume: nothing on disk but zeroes.
 		return nil
 	}
-	for _, opt := range v.MkfsOptions {
-		args = append(args, strings.Fields(opt)...)
-	}
-	args = append(args, dev.Path)
 	// Hold the device so its number cannot be rebound to another file
 	// while mkfs works on it by path.
 	held, err := loop.Hold(dev.Path, v.owner(dev.Backing))

@@ -2,6 +2,7 @@ package volume
 
 import (
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -105,6 +106,67 @@ func FuzzValidateName(f *testing.F) {
 		}
 		if ValidUUID(strings.ToLower(name)) {
 			t.Fatalf("ValidateName accepted the UUID-shaped %q", name)
+		}
+	})
+}
+
+func FuzzMkfsOptions(f *testing.F) {
+	for _, tt := range mkfsAccepted {
+		f.Add(tt.fs == "xfs", strings.Join(tt.opts, " "))
+	}
+	for _, s := range []string{
+		"-d /etc", "-d etc", "-l logdev=/tmp/x,size=64m", "-l logdev=x", "-r rtdev=x",
+		"-p proto", "-c options=x", "-U random", "-Urandom", "-muuid=x", "-m uuid=x",
+		"-m crc=1,uuid=x", "-n", "-N", "-S", "-O journal_dev", "-J device=x",
+		"-E offset=1", "-d name=x", "-d file=1", "-l internal=0", "-L -U", "-b4096",
+		"-b 4096 /dev/sda", "4096", "--", "-", "-E root_owner=0:0,,nodiscard",
+		"-E nodiscard=1", "-m 50.0001", "-i size=512,size=512", "-l size=64m\x00",
+		"-L\u00a0x", "-b\t4096",
+	} {
+		f.Add(false, s)
+		f.Add(true, s)
+	}
+	identity := []string{"uuid", "logdev", "rtdev", "name=", "file=", "device", "journal_dev", "offset"}
+	f.Fuzz(func(t *testing.T, xfs bool, s string) {
+		fsType := "ext4"
+		if xfs {
+			fsType = "xfs"
+		}
+		got, err := NormalizeMkfsOptions(fsType, []string{s})
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("%s %q: error %v is not ErrInvalid", fsType, s, err)
+			}
+			return
+		}
+		if want := strings.Fields(s); !slices.Equal(got, want) && !(len(got) == 0 && len(want) == 0) {
+			t.Fatalf("%s %q = %q, want its tokens", fsType, s, got)
+		}
+		for i, tok := range got {
+			if strings.ContainsRune(tok, '/') {
+				t.Fatalf("%s %q: accepted %q, which names a path", fsType, s, tok)
+			}
+			for _, word := range identity {
+				if strings.Contains(tok, word) {
+					t.Fatalf("%s %q: accepted %q", fsType, s, tok)
+				}
+			}
+			if strings.HasPrefix(tok, "-") {
+				if len(tok) != 2 {
+					t.Fatalf("%s %q: accepted the option word %q", fsType, s, tok)
+				}
+				if _, ok := mkfsAllowed[fsType][tok]; !ok {
+					t.Fatalf("%s %q: accepted %q, not on the allow-list", fsType, s, tok)
+				}
+				if _, refused := mkfsRefused[fsType][tok]; refused {
+					t.Fatalf("%s %q: accepted the refused %q", fsType, s, tok)
+				}
+			} else if i == 0 || !strings.HasPrefix(got[i-1], "-") || mkfsAllowed[fsType][got[i-1]].value == nil {
+				t.Fatalf("%s %q: accepted the operand %q", fsType, s, tok)
+			}
+		}
+		if again, err := NormalizeMkfsOptions(fsType, got); err != nil || !slices.Equal(again, got) {
+			t.Fatalf("%s %q: normalizing again = %q, %v", fsType, s, again, err)
 		}
 	})
 }

@@ -275,8 +275,14 @@ func checkOvercommitRatio(r float64) error {
 	return nil
 }
 
-// RoundUpMiB rounds a size up to a whole MiB.
-func RoundUpMiB(n int64) int64 { return (n + MiB - 1) / MiB * MiB }
+// RoundUpMiB rounds a size up to a whole MiB; sizes within a MiB of the
+// largest int64 round down to the largest whole MiB instead of overflowing.
+func RoundUpMiB(n int64) int64 {
+	if n > math.MaxInt64-(MiB-1) {
+		return math.MaxInt64 / MiB * MiB
+	}
+	return (n + MiB - 1) / MiB * MiB
+}
 
 // MinSize returns the smallest size allowed for a filesystem ("" for raw).
 func MinSize(fsType string) int64 { return minSize[fsType] }

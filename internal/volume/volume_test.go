@@ -194,7 +194,7 @@ func TestNormalizeCreateRequest(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			req := tt.req
-			err := req.normalize()
+			err := req.Normalize()
 			if (err == nil) != tt.ok {
 				t.Fatalf("normalize = %v, want ok=%v", err, tt.ok)
 			}
