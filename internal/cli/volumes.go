@@ -38,19 +38,8 @@ elsewhere the volume is attached directly. Prints the UUID.`,
 			if err != nil {
 				return err
 			}
-			if mode == string(volume.ModeBlock) && cmd.Flags().Changed("fs") {
-				return usagef("--fs cannot be combined with --mode block")
-			}
-			if mode != string(volume.ModeBlock) {
-				if fs == "" {
-					fs = "ext4"
-				}
-			} else {
-				fs = ""
-			}
-			if noPartition && mode != string(volume.ModeBlock) {
-				return usagef("--no-partition needs --mode block")
-			}
+			// Defaults and the rules between mode, filesystem, partition
+			// and mkfs options are volume's (Normalize).
 			req := volume.CreateRequest{
 				Name: args[0], UUID: uuid, SizeBytes: bytes, Mode: volume.Mode(mode),
 				FSType: fs, NoPartition: noPartition, MkfsOptions: mkfsOpts,
@@ -58,6 +47,9 @@ elsewhere the volume is attached directly. Prints the UUID.`,
 			}
 			if cmd.Flags().Changed("direct-io") {
 				req.DirectIO = &directIO
+			}
+			if err := req.Normalize(); err != nil {
+				return err
 			}
 			s, err := g.store()
 			if err != nil {
@@ -73,11 +65,11 @@ elsewhere the volume is attached directly. Prints the UUID.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&size, "size", "", "logical size: bytes or a number with K, M, G, T (Ki, Mi, ... alike: powers of 1024)")
-	f.StringVar(&fs, "fs", "ext4", "filesystem: ext4 or xfs (filesystem mode)")
+	f.StringVar(&fs, "fs", "", "filesystem: ext4 or xfs (filesystem mode; default ext4)")
 	f.StringVar(&mode, "mode", string(volume.ModeFilesystem), "filesystem or block")
 	f.BoolVar(&noPartition, "no-partition", false, "block mode: no partition table; the whole device is the volume")
 	f.StringVar(&uuid, "uuid", "", "volume UUID (default: random)")
-	f.StringArrayVar(&mkfsOpts, "mkfs-option", nil, "extra mkfs arguments, split on spaces (repeatable)")
+	f.StringArrayVar(&mkfsOpts, "mkfs-option", nil, "extra mkfs arguments, split on spaces (repeatable); an allow-list per filesystem: sizes, features, geometry, internal log, label; never paths, devices or the UUID")
 	f.BoolVar(&preallocate, "preallocate", false, "allocate every block now (thick volume) instead of a sparse file")
 	f.BoolVar(&noStart, "no-start", false, "enable the unit but do not attach now")
 	f.BoolVar(&directIO, "direct-io", true, "direct I/O from the loop device to the backing file (falls back to buffered where refused)")

@@ -34,17 +34,14 @@ const (
 // size at all.
 const DefaultVolumeSize = 1 << 30
 
-// spec is a validated CreateVolume request.
+// spec is a validated CreateVolume request: the volume request, whose
+// layout volume normalized and whose size is chosen, and what only the CSI
+// driver knows.
 type spec struct {
-	mode        volume.Mode
-	fsType      string
-	preallocate bool
-	mkfsOptions []string
-	directIO    *bool
-	discard     bool
-	size        int64 // rounded, within the range
-	required    int64
-	limit       int64
+	req      volume.CreateRequest
+	discard  bool
+	required int64
+	limit    int64
 }
 
 func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
@@ -63,13 +60,15 @@ func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
 }
 
-// parseRequest validates capabilities, parameters and capacity of a
-// CreateVolume request.
+// parseRequest maps the capabilities, parameters and capacity of a
+// CreateVolume request to a volume request. The rules of what a volume may
+// be (modes, filesystems, mkfs options) are volume's: NormalizeLayout.
 func parseRequest(caps []*csi.VolumeCapability, params map[string]string, cr *csi.CapacityRange) (*spec, error) {
 	if len(caps) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "volume_capabilities are required")
 	}
 	s := &spec{}
+	r := &s.req
 	capFS := ""
 	for i, c := range caps {
 		if err := checkAccessMode(c); err != nil {
@@ -90,10 +89,10 @@ func parseRequest(caps []*csi.VolumeCapability, params map[string]string, cr *cs
 		default:
 			return nil, status.Errorf(codes.InvalidArgument, "volume capability %d has neither mount nor block access type", i)
 		}
-		if i > 0 && mode != s.mode {
+		if i > 0 && mode != r.Mode {
 			return nil, status.Error(codes.InvalidArgument, "volume capabilities mix block and mount access types")
 		}
-		s.mode = mode
+		r.Mode = mode
 	}
 	for k, v := range params {
 		switch k {
@@ -101,20 +100,20 @@ func parseRequest(caps []*csi.VolumeCapability, params map[string]string, cr *cs
 			switch v {
 			case "", "thin":
 			case "thick":
-				s.preallocate = true
+				r.Preallocate = true
 			default:
 				return nil, status.Errorf(codes.InvalidArgument, "parameter %s=%q: want thin or thick", k, v)
 			}
 		case ParamMkfsOptions:
-			s.mkfsOptions = strings.Fields(v)
+			r.MkfsOptions = []string{v}
 		case ParamDirectIO:
 			b, err := strconv.ParseBool(v)
 			if err != nil {
 				return nil, status.Errorf(codes.InvalidArgument, "parameter %s=%q: want true or false", k, v)
 			}
-			s.directIO = &b
+			r.DirectIO = &b
 		case ParamFSType:
-			s.fsType = v
+			r.FSType = v
 		case ParamDiscard:
 			b, err := strconv.ParseBool(v)
 			if err != nil {
@@ -129,34 +128,27 @@ func parseRequest(caps []*csi.VolumeCapability, params map[string]string, cr *cs
 		}
 	}
 	if capFS != "" {
-		if s.fsType != "" && s.fsType != capFS {
-			return nil, status.Errorf(codes.InvalidArgument, "parameter %s=%s contradicts the capability's fs_type %s", ParamFSType, s.fsType, capFS)
+		if r.FSType != "" && r.FSType != capFS {
+			return nil, status.Errorf(codes.InvalidArgument, "parameter %s=%s contradicts the capability's fs_type %s", ParamFSType, r.FSType, capFS)
 		}
-		s.fsType = capFS
+		r.FSType = capFS
 	}
-	if s.discard && (s.preallocate || s.mode == volume.ModeBlock) {
+	// Block volumes are whole devices: the pod partitions them if it wants.
+	r.NoPartition = r.Mode == volume.ModeBlock
+	if err := r.NormalizeLayout(); err != nil {
+		return nil, toStatus(err)
+	}
+	if s.discard && (r.Preallocate || r.Mode == volume.ModeBlock) {
 		return nil, status.Errorf(codes.InvalidArgument, "parameter %s=true applies to thin filesystem volumes only (thick volumes keep their blocks; block volumes are not mounted)", ParamDiscard)
 	}
-	if s.mode == volume.ModeBlock {
-		if s.fsType != "" {
-			return nil, status.Errorf(codes.InvalidArgument, "a filesystem (%s) cannot be given for a block volume", s.fsType)
-		}
-		if len(s.mkfsOptions) > 0 {
-			return nil, status.Error(codes.InvalidArgument, "mkfsOptions cannot be given for a block volume")
-		}
-	} else {
-		if s.fsType == "" {
-			s.fsType = "ext4"
-		}
-		if s.fsType != "ext4" && s.fsType != "xfs" {
-			return nil, status.Errorf(codes.InvalidArgument, "filesystem %q is not supported (ext4, xfs)", s.fsType)
-		}
-	}
-	size, err := sizeFor(cr, s.fsType)
+	size, err := sizeFor(cr, r.FSType)
 	if err != nil {
 		return nil, err
 	}
-	s.size, s.required, s.limit = size, cr.GetRequiredBytes(), cr.GetLimitBytes()
+	r.SizeBytes, s.required, s.limit = size, cr.GetRequiredBytes(), cr.GetLimitBytes()
+	if err := r.NormalizeSize(); err != nil {
+		return nil, toStatus(err)
+	}
 	return s, nil
 }
 
@@ -233,17 +225,17 @@ func checkCapability(v *volume.Volume, c *csi.VolumeCapability) error {
 // compatible reports why an existing volume does not satisfy s ("" if it does).
 func (s *spec) incompatibility(v *volume.Volume) string {
 	switch {
-	case v.Mode != s.mode:
+	case v.Mode != s.req.Mode:
 		return fmt.Sprintf("it is a %s volume", v.Mode)
-	case v.FSType != s.fsType:
+	case v.FSType != s.req.FSType:
 		return fmt.Sprintf("it has filesystem %s", v.FSType)
 	case v.SizeBytes < s.required || (s.limit > 0 && v.SizeBytes > s.limit):
 		return fmt.Sprintf("its size %d is outside %d..%d", v.SizeBytes, s.required, s.limit)
-	case v.Preallocate != s.preallocate:
+	case v.Preallocate != s.req.Preallocate:
 		return fmt.Sprintf("its provisioning is %s", v.Labels[LabelProvisioning])
-	case !slices.Equal(v.MkfsOptions, s.mkfsOptions):
+	case !slices.Equal(v.MkfsOptions, s.req.MkfsOptions):
 		return fmt.Sprintf("its mkfs options are %q", v.MkfsOptions)
-	case s.directIO != nil && v.DirectIO != *s.directIO:
+	case s.req.DirectIO != nil && v.DirectIO != *s.req.DirectIO:
 		return fmt.Sprintf("its directIO is %t", v.DirectIO)
 	case s.discard != (v.Labels[LabelDiscard] == "true"):
 		return fmt.Sprintf("its discard is %t", !s.discard)
@@ -329,27 +321,19 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		}
 		// State creating: a crashed create; store.Create below finishes it
 		// with the same (recorded) size.
-		s.size = v.SizeBytes
+		s.req.SizeBytes = v.SizeBytes
 	}
-	labels := map[string]string{
+	cr := s.req
+	cr.Name = name
+	cr.Labels = map[string]string{
 		LabelCSIName:      name,
 		LabelManagedBy:    ManagedByCSI,
-		LabelProvisioning: provisioning(s.preallocate),
+		LabelProvisioning: provisioning(cr.Preallocate),
 	}
 	if s.discard {
-		labels[LabelDiscard] = "true"
+		cr.Labels[LabelDiscard] = "true"
 	}
-	v, err := d.store.Create(ctx, volume.CreateRequest{
-		Name:        name,
-		SizeBytes:   s.size,
-		Mode:        s.mode,
-		FSType:      s.fsType,
-		NoPartition: s.mode == volume.ModeBlock,
-		MkfsOptions: s.mkfsOptions,
-		Preallocate: s.preallocate,
-		DirectIO:    s.directIO,
-		Labels:      labels,
-	})
+	v, err := d.store.Create(ctx, cr)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -484,11 +468,11 @@ func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (
 	}
 	// A thick volume allocates everything now: it must also fit in what is
 	// physically free, whatever the overcommit ratio.
-	capacity := sp.Available(s.preallocate) / volume.MiB * volume.MiB
+	capacity := sp.Available(s.req.Preallocate) / volume.MiB * volume.MiB
 	resp := &csi.GetCapacityResponse{
 		AvailableCapacity: capacity,
 		MaximumVolumeSize: wrapperspb.Int64(capacity),
-		MinimumVolumeSize: wrapperspb.Int64(volume.MinSize(s.fsType)),
+		MinimumVolumeSize: wrapperspb.Int64(volume.MinSize(s.req.FSType)),
 	}
 	return resp, nil
 }

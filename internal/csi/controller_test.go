@@ -73,7 +73,7 @@ func TestParseRequest(t *testing.T) {
 		check  func(*spec) error
 	}{
 		{name: "defaults", caps: []*csi.VolumeCapability{mount("")}, check: func(s *spec) error {
-			if s.mode != volume.ModeFilesystem || s.fsType != "ext4" || s.preallocate || s.directIO != nil {
+			if s.req.Mode != volume.ModeFilesystem || s.req.FSType != "ext4" || s.req.Preallocate || s.req.DirectIO != nil {
 				return fmt.Errorf("got %+v", s)
 			}
 			return nil
@@ -82,19 +82,19 @@ func TestParseRequest(t *testing.T) {
 			params: map[string]string{ParamFSType: "xfs", ParamProvisioning: "thick", ParamDirectIO: "false", ParamMkfsOptions: "-b size=4096  -K",
 				"csi.storage.k8s.io/pvc/name": "data"},
 			check: func(s *spec) error {
-				if s.fsType != "xfs" || !s.preallocate || s.directIO == nil || *s.directIO || strings.Join(s.mkfsOptions, "|") != "-b|size=4096|-K" {
+				if s.req.FSType != "xfs" || !s.req.Preallocate || s.req.DirectIO == nil || *s.req.DirectIO || strings.Join(s.req.MkfsOptions, "|") != "-b|size=4096|-K" {
 					return fmt.Errorf("got %+v", s)
 				}
 				return nil
 			}},
 		{name: "fs from capability", caps: []*csi.VolumeCapability{mount("xfs")}, check: func(s *spec) error {
-			if s.fsType != "xfs" {
-				return fmt.Errorf("fs %q", s.fsType)
+			if s.req.FSType != "xfs" {
+				return fmt.Errorf("fs %q", s.req.FSType)
 			}
 			return nil
 		}},
 		{name: "block", caps: []*csi.VolumeCapability{block}, check: func(s *spec) error {
-			if s.mode != volume.ModeBlock || s.fsType != "" {
+			if s.req.Mode != volume.ModeBlock || s.req.FSType != "" {
 				return fmt.Errorf("got %+v", s)
 			}
 			return nil
@@ -111,6 +111,29 @@ func TestParseRequest(t *testing.T) {
 		{name: "block with fsType", caps: []*csi.VolumeCapability{block}, params: map[string]string{ParamFSType: "ext4"}, code: codes.InvalidArgument},
 		{name: "block with mkfsOptions", caps: []*csi.VolumeCapability{block}, params: map[string]string{ParamMkfsOptions: "-K"}, code: codes.InvalidArgument},
 		{name: "no access type", caps: []*csi.VolumeCapability{{AccessMode: block.AccessMode}}, code: codes.InvalidArgument},
+		{name: "block is a whole device", caps: []*csi.VolumeCapability{block}, check: func(s *spec) error {
+			if !s.req.NoPartition {
+				return fmt.Errorf("block volumes are whole devices: %+v", s.req)
+			}
+			return nil
+		}},
+		{name: "mkfs log on a host file", caps: []*csi.VolumeCapability{mount("xfs")}, params: map[string]string{ParamMkfsOptions: "-l logdev=/some/file,size=64m"}, code: codes.InvalidArgument},
+		{name: "mkfs log on a device name", caps: []*csi.VolumeCapability{mount("xfs")}, params: map[string]string{ParamMkfsOptions: "-l logdev=vdb,size=64m"}, code: codes.InvalidArgument},
+		{name: "mkfs copies a host directory", caps: []*csi.VolumeCapability{mount("")}, params: map[string]string{ParamMkfsOptions: "-d /etc"}, code: codes.InvalidArgument},
+		{name: "mkfs data on a host file", caps: []*csi.VolumeCapability{mount("xfs")}, params: map[string]string{ParamMkfsOptions: "-d name=/etc/shadow"}, code: codes.InvalidArgument},
+		{name: "mkfs realtime device", caps: []*csi.VolumeCapability{mount("xfs")}, params: map[string]string{ParamMkfsOptions: "-r rtdev=/dev/vdb"}, code: codes.InvalidArgument},
+		{name: "mkfs protofile", caps: []*csi.VolumeCapability{mount("xfs")}, params: map[string]string{ParamMkfsOptions: "-p /etc/proto"}, code: codes.InvalidArgument},
+		{name: "mkfs random uuid", caps: []*csi.VolumeCapability{mount("")}, params: map[string]string{ParamMkfsOptions: "-Urandom"}, code: codes.InvalidArgument},
+		{name: "mkfs xfs uuid", caps: []*csi.VolumeCapability{mount("xfs")}, params: map[string]string{ParamMkfsOptions: "-muuid=11111111-1111-1111-1111-111111111111"}, code: codes.InvalidArgument},
+		{name: "mkfs dry run", caps: []*csi.VolumeCapability{mount("")}, params: map[string]string{ParamMkfsOptions: "-n"}, code: codes.InvalidArgument},
+		{name: "mkfs xfs dry run", caps: []*csi.VolumeCapability{mount("xfs")}, params: map[string]string{ParamMkfsOptions: "-N"}, code: codes.InvalidArgument},
+		{name: "mkfs options tokenised", caps: []*csi.VolumeCapability{mount("")}, params: map[string]string{ParamMkfsOptions: " -b 4096\t-L data "},
+			check: func(s *spec) error {
+				if strings.Join(s.req.MkfsOptions, "|") != "-b|4096|-L|data" {
+					return fmt.Errorf("mkfs options %q", s.req.MkfsOptions)
+				}
+				return nil
+			}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
