@@ -156,13 +156,10 @@ func parseRequest(caps []*csi.VolumeCapability, params map[string]string, cr *cs
 // (or a default), raised to the filesystem's minimum and rounded up to a
 // whole MiB, which must stay within the limit.
 func sizeFor(cr *csi.CapacityRange, fsType string) (int64, error) {
+	if err := checkCapacityRange(cr); err != nil {
+		return 0, err
+	}
 	req, lim := cr.GetRequiredBytes(), cr.GetLimitBytes()
-	if req < 0 || lim < 0 {
-		return 0, status.Errorf(codes.InvalidArgument, "capacity range %d..%d is negative", req, lim)
-	}
-	if lim > 0 && req > lim {
-		return 0, status.Errorf(codes.InvalidArgument, "required bytes %d exceed limit bytes %d", req, lim)
-	}
 	size := req
 	if size == 0 {
 		size = DefaultVolumeSize
@@ -180,6 +177,19 @@ func sizeFor(cr *csi.CapacityRange, fsType string) (int64, error) {
 			"no size fits %d..%d bytes: sizes are whole MiB and at least %s for %s", req, lim, volume.FormatSize(volume.MinSize(fsType)), what)
 	}
 	return size, nil
+}
+
+// checkCapacityRange refuses a capacity range no size can meet by its
+// own terms: negative bytes, or required beyond a limit. Zero means unset.
+func checkCapacityRange(cr *csi.CapacityRange) error {
+	req, lim := cr.GetRequiredBytes(), cr.GetLimitBytes()
+	if req < 0 || lim < 0 {
+		return status.Errorf(codes.InvalidArgument, "capacity range %d..%d is negative", req, lim)
+	}
+	if lim > 0 && req > lim {
+		return status.Errorf(codes.InvalidArgument, "required bytes %d exceed limit bytes %d", req, lim)
+	}
+	return nil
 }
 
 // checkAccessMode accepts the single-node access modes only: a sparse
@@ -487,6 +497,9 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 	cr := req.GetCapacityRange()
 	if cr == nil || (cr.GetRequiredBytes() == 0 && cr.GetLimitBytes() == 0) {
 		return nil, status.Error(codes.InvalidArgument, "capacity_range is required")
+	}
+	if err := checkCapacityRange(cr); err != nil {
+		return nil, err
 	}
 	release, err := d.busy.acquire(id)
 	if err != nil {

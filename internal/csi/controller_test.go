@@ -303,6 +303,18 @@ func TestControllerRules(t *testing.T) {
 		_, err = e.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: vol.GetVolumeId(),
 			CapacityRange: &csi.CapacityRange{RequiredBytes: 16*mib + 1, LimitBytes: 16*mib + 2}})
 		wantCode(t, err, codes.OutOfRange)
+		for _, cr := range []*csi.CapacityRange{
+			{RequiredBytes: -mib},
+			{RequiredBytes: 16 * mib, LimitBytes: -1},
+			{LimitBytes: -16 * mib},
+			{RequiredBytes: 32 * mib, LimitBytes: 16 * mib},
+		} {
+			_, err = e.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: vol.GetVolumeId(), CapacityRange: cr})
+			wantCode(t, err, codes.InvalidArgument)
+		}
+		if v, err := e.store.Get(vol.GetVolumeId()); err != nil || v.SizeBytes != 8*mib || v.ExpandingTo != 0 {
+			t.Errorf("after refused expansions: %+v, %v; want 8 MiB, nothing pending", v, err)
+		}
 		_, err = e.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: volume.NewUUID(),
 			CapacityRange: &csi.CapacityRange{RequiredBytes: 16 * mib}})
 		wantCode(t, err, codes.NotFound)
