@@ -3,6 +3,7 @@ PREFIX   ?= /usr/local
 BINDIR   ?= $(PREFIX)/bin
 UNITDIR  ?= /etc/systemd/system
 GENERATORDIR ?= /etc/systemd/system-generators
+MANDIR   ?= $(PREFIX)/share/man
 STORE    ?= /var/lib/sparsevol
 DESTDIR  ?=
 # sudo resets PATH; find Go where the official tarball puts it.
@@ -10,12 +11,19 @@ GO       ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 GOFLAGS  ?= -trimpath
 TEST_TIMEOUT ?= 30m
 
-.PHONY: all build test test-short install uninstall bench bench-go bench-report e2e clean vet
+.PHONY: all build man test test-short install uninstall bench bench-go bench-report e2e clean vet
 
 all: build
 
+# -buildvcs=auto: `sparsevol version` names the commit even where the
+# environment's GOFLAGS turns stamping off.
 build:
-	$(GO) build $(GOFLAGS) -o bin/sparsevol ./cmd/sparsevol
+	$(GO) build $(GOFLAGS) -buildvcs=auto -o bin/sparsevol ./cmd/sparsevol
+
+# The manual pages, generated from the command tree (sparsevol.8 and one
+# page per subcommand).
+man: build
+	rm -rf bin/man && bin/sparsevol man --dir bin/man
 
 vet:
 	$(GO) vet ./...
@@ -29,8 +37,10 @@ UNITS    = sparsevol@.service sparsevol-boot.service sparsevol-boot-done.service
 
 # The same files `sparsevol units install` writes: the units, and the boot
 # generator, a link to the binary (see deploy/systemd/sparsevol-boot.service).
-install: build
+install: build man
 	install -D -m 0755 bin/sparsevol $(DESTDIR)$(BINDIR)/sparsevol
+	install -d -m 0755 $(DESTDIR)$(MANDIR)/man8
+	install -m 0644 bin/man/*.8 $(DESTDIR)$(MANDIR)/man8/
 	install -d -m 0755 $(DESTDIR)$(UNITDIR) $(DESTDIR)$(GENERATORDIR)
 	for u in $(UNITS); do \
 		sed -e 's|/usr/local/bin/sparsevol|$(BINDIR)/sparsevol|g' -e 's|/var/lib/sparsevol|$(STORE)|g' \
@@ -42,6 +52,7 @@ install: build
 
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/sparsevol $(DESTDIR)$(GENERATORDIR)/sparsevol-generator
+	rm -f $(DESTDIR)$(MANDIR)/man8/sparsevol.8 $(DESTDIR)$(MANDIR)/man8/sparsevol-*.8
 	for u in $(UNITS); do rm -f $(DESTDIR)$(UNITDIR)/$$u; done
 	if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 

@@ -156,8 +156,10 @@ template unit (sparsevol@<uuid>.service) — no network, no API server.`,
 		newDeleteCommand(g), newExpandCommand(g), newListCommand(g),
 		newStatusCommand(g), newPVCommand(g), newAdoptCommand(g),
 		newUnitsCommand(g), newDoctorCommand(g), newCSICommand(g), newTrimCommand(g),
-		newRecoverCommand(g),
+		newRecoverCommand(g), newVersionCommand(g), newManCommand(g),
 	)
+	root.Version = readBuild().String()
+	root.SetVersionTemplate("{{.Version}}\n")
 	refuseUnknownCommands(root)
 	return root, g
 }

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -84,7 +83,7 @@ next to csi-provisioner --node-deployment (see deploy/kubernetes).`,
 			metrics := csi.NewMetrics(store)
 			drv, err := csi.New(csi.Config{
 				DriverName: driverName,
-				Version:    buildVersion(),
+				Version:    readBuild().Version,
 				NodeID:     nodeID,
 				MaxVolumes: maxVolumes,
 				Store:      store,
@@ -162,12 +161,4 @@ next to csi-provisioner --node-deployment (see deploy/kubernetes).`,
 	f.StringVar(&kubeletEndpoint, CSIFlagKubeletEndpoint, "",
 		"the CSI socket path as kubelet sees it, announced at registration; default: the --"+CSIFlagEndpoint+" path")
 	return cmd
-}
-
-// buildVersion is the module version the binary was built from.
-func buildVersion() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
-	}
-	return "devel"
 }
