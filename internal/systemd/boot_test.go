@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
 // enable does what `systemctl enable` leaves on disk for an instance, with
@@ -64,6 +66,12 @@ func TestEnabledInstances(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("EnabledInstances =\n%+v\nwant\n%+v", got, want)
+	}
+	// What the volume store's boot attaches, store by store.
+	vols, err := m.EnabledVolumes()
+	wantVols := []volume.EnabledVolume{{UUID: a, Root: "/srv/store"}, {UUID: b, Root: "/srv/store"}, {UUID: c, Root: "/mnt/other"}}
+	if err != nil || !reflect.DeepEqual(vols, wantVols) {
+		t.Errorf("EnabledVolumes = %+v, %v; want %+v", vols, err, wantVols)
 	}
 }
 
