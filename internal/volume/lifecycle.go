@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 )
 
 // Lifecycle is the service manager that brings volumes back at boot: one
@@ -37,15 +36,9 @@ type EnabledVolume struct {
 	Root string
 }
 
-// mountsFor lists what v's unit needs mounted: the store, and the
-// directory of a backing file that lies elsewhere (adopted in place).
-func (s *Store) mountsFor(v *Volume) []string {
-	mounts := []string{s.root}
-	if dir := filepath.Dir(v.BackingFile); dir != s.root {
-		mounts = append(mounts, dir)
-	}
-	return mounts
-}
+// mountsFor lists what v's unit needs mounted: the store, which holds the
+// backing file (always <root>/<uuid>).
+func (s *Store) mountsFor(*Volume) []string { return []string{s.root} }
 
 // enableUnit enables v's unit, without starting it, where there is a
 // service manager. Create calls it before it marks v ready, so that a

@@ -209,22 +209,19 @@ func TestDeleteDisablesUnit(t *testing.T) {
 
 // TestActivate: adopted (or any ready) volumes are enabled, and started
 // if asked, through the service manager; without one they are attached
-// directly if asked. The unit needs the store mounted, and the backing
-// file's directory where that lies elsewhere.
+// directly if asked. The unit needs the store mounted.
 func TestActivate(t *testing.T) {
 	tests := []struct {
 		name         string
 		managed      bool
 		start        bool
-		elsewhere    bool // the backing file lies outside the store
 		wantCalls    []string
 		wantAttached bool
 	}{
-		{"managed, start", true, true, false, []string{"enable U start=true mounts=[R] (ready)"}, false},
-		{"managed, no start", true, false, false, []string{"enable U start=false mounts=[R] (ready)"}, false},
-		{"managed, file elsewhere", true, true, true, []string{"enable U start=true mounts=[R /elsewhere] (ready)"}, false},
-		{"unmanaged, start", false, true, false, nil, true},
-		{"unmanaged, no start", false, false, false, nil, false},
+		{"managed, start", true, true, []string{"enable U start=true mounts=[R] (ready)"}, false},
+		{"managed, no start", true, false, []string{"enable U start=false mounts=[R] (ready)"}, false},
+		{"unmanaged, start", false, true, nil, true},
+		{"unmanaged, no start", false, false, nil, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -236,9 +233,6 @@ func TestActivate(t *testing.T) {
 			v := rawVolume(t, s, "v")
 			t.Cleanup(func() { s.DetachAll(ctx, DetachOptions{}) })
 			f.calls = nil
-			if tt.elsewhere {
-				v.BackingFile = "/elsewhere/file"
-			}
 			if err := s.Activate(ctx, []*Volume{v}, tt.start); err != nil {
 				t.Fatal(err)
 			}
