@@ -244,12 +244,16 @@ func newAdoptCommand(g *globals) *cobra.Command {
 	var noStart bool
 	cmd := &cobra.Command{
 		Use:   "adopt PATH... | --dir DIR",
-		Short: "Register existing sparse files in place and enable their units",
+		Short: "Register existing sparse files and enable their units",
 		Long: `Register sparse files made by an earlier install (for example
-/var/lib/metalk8s/storage/sparse/<uuid>) without moving or rewriting them.
-ext4 and XFS files keep their filesystem UUID; files with a GPT of one
-partition keep its partition GUID. With --dir, every PATH must lie inside
-DIR, and without PATHs every regular file of DIR is adopted.`,
+/var/lib/metalk8s/storage/sparse/<uuid>) without rewriting them: each is
+renamed to <store>/<uuid> (the same inode), so it must lie on the store's
+filesystem; to keep files where they are, make their directory the store
+(--root). ext4 and XFS files keep their filesystem UUID; files with a GPT
+of one partition keep its partition GUID. Symlinks, files with more than
+one link, files a loop device is bound to and other stores' files are
+refused. With --dir, every PATH must lie inside DIR, and without PATHs
+every regular file of DIR is adopted.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if dir == "" && len(args) == 0 {
 				return usagef("adopt needs PATHs or --dir")
