@@ -94,8 +94,12 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 }
 
 // NodeExpandVolume brings the loop device and the filesystem up to the
-// size of the backing file grown by ControllerExpandVolume.
+// size of the backing file grown by ControllerExpandVolume. A capacity
+// range no size can meet (checkCapacityRange) is InvalidArgument.
 func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
+	if err := checkCapacityRange(req.GetCapacityRange()); err != nil {
+		return nil, err
+	}
 	path := req.GetVolumePath()
 	v, release, err := d.begin(nodeRequest{
 		id: req.GetVolumeId(), capability: req.GetVolumeCapability(),
