@@ -191,8 +191,10 @@ func (s *Store) publish(v *Volume, dev *loop.Device) error {
 	return nil
 }
 
-// linkedDevice returns the bound loop device /dev/sparsevol/<uuid> serves,
-// nil if there is no link or it serves no bound loop device (stale).
+// linkedDevice returns the loop device /dev/sparsevol/<uuid> serves if it
+// is bound and tagged for uuid: a volume with that UUID, ours or another
+// store's. nil if there is no link, or it is stale (the device is gone, or
+// its number now serves something else).
 func linkedDevice(uuid string) *loop.Device {
 	target, err := os.Readlink(linkPath(uuid))
 	if err != nil {
@@ -203,7 +205,7 @@ func linkedDevice(uuid string) *loop.Device {
 		return nil
 	}
 	d, err := loop.Get(parent)
-	if err != nil {
+	if err != nil || d.Tag != tag(uuid) {
 		return nil
 	}
 	return d

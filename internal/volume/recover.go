@@ -55,10 +55,13 @@ func (s *Store) Recover(ctx context.Context, ref string, opts RecoverOptions) (*
 			return fmt.Errorf("recover %s: %w", v.Name, err)
 		}
 		for _, d := range ours {
-			if err := loop.Detach(d.Path, v.owner(d.Backing)); err != nil && !errors.Is(err, loop.ErrNotAttached) {
+			// A deferred detach is fine: the old device goes at its
+			// opener's last close, and nothing publishes it any more.
+			if err := loop.Detach(d.Path, v.owner(d.Backing)); err != nil && !errors.Is(err, loop.ErrNotAttached) && !errors.Is(err, loop.ErrDeferred) {
 				return fmt.Errorf("recover %s: the data is back in %s, but: %w", v.Name, v.BackingFile, err)
 			}
 		}
+		s.unpublish(v, ours)
 		s.log.Info("volume recovered", "volume", v.Name, "uuid", v.UUID, "from", dev.Path)
 		attached, err := s.attachLocked(ctx, v)
 		if err != nil {
