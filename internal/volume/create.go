@@ -157,6 +157,13 @@ func (s *Store) Create(ctx context.Context, req CreateRequest) (*Volume, error) 
 	if err := s.build(ctx, v, req); err != nil {
 		return nil, fmt.Errorf("create %s: %w", req.Name, err)
 	}
+	if req.KeepAttached {
+		// Not under the lock: the unit's attach takes it.
+		unlock()
+		if err := s.startUnit(ctx, v); err != nil {
+			return nil, fmt.Errorf("create %s: %w", req.Name, err)
+		}
+	}
 	return v, nil
 }
 
@@ -282,10 +289,7 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) error {
 	crashPoint("create:ready")
 	s.log.Info("volume created", "volume", v.Name, "uuid", v.UUID, "size", v.SizeBytes, "mode", v.Mode, "fs", v.FSType)
 	if req.KeepAttached {
-		if err := s.finishAttach(ctx, v, dev); err != nil {
-			return err
-		}
-		return s.startUnit(ctx, v)
+		return s.finishAttach(ctx, v, dev)
 	}
 	return s.detachDevices(v, nil, DetachOptions{})
 }

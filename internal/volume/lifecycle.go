@@ -13,8 +13,10 @@ import (
 // it around delete, and enables adopted volumes; without one, volumes are
 // attached directly and boot is the init system's business.
 //
-// The Store never calls it while holding a volume's lock: starting or
-// stopping a unit runs attach or detach, which take that lock.
+// The Store never starts or stops a unit (Start, Disable, Enable with
+// start) while it holds the volume's lock: the unit's attach or detach
+// takes that lock. Enable without start, which runs nothing of the
+// volume's, is called under it (create enables before ready).
 type Lifecycle interface {
 	// Enable makes the volume's unit start at boot, for the store at root,
 	// after mountsFor are mounted; with start, it is started now too.
@@ -57,7 +59,7 @@ func (s *Store) enableUnit(ctx context.Context, v *Volume) error {
 // startUnit starts the enabled unit of v, which create attached already
 // (the unit's attach finds the device and only publishes it), so that
 // the unit is active and stops with the volume. v is ready: a failure
-// says so.
+// says so. The caller must not hold v's lock: the unit's attach takes it.
 func (s *Store) startUnit(ctx context.Context, v *Volume) error {
 	if s.opts.Lifecycle == nil {
 		return nil

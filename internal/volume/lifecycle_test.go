@@ -32,8 +32,28 @@ func (f *fakeLifecycle) state(uuid string) State {
 	return v.State
 }
 
+// unlocked fails a call that starts or stops a unit while the volume's
+// lock is held: the unit's attach or detach would wait for it forever
+// (flock is per open file, so the same process blocks too).
+func (f *fakeLifecycle) unlocked(uuid string) error {
+	fd, err := unix.Open(filepath.Join(f.s.Root(), lockDir, uuid), unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return fmt.Errorf("unit of %s started or stopped with the volume's lock held: its attach or detach would deadlock: %w", uuid, err)
+	}
+	return nil
+}
+
 func (f *fakeLifecycle) Enable(_ context.Context, uuid, root string, mountsFor []string, start bool) error {
 	f.calls = append(f.calls, fmt.Sprintf("enable %s start=%v mounts=%v (%s)", uuid, start, mountsFor, f.state(uuid)))
+	if start {
+		if err := f.unlocked(uuid); err != nil {
+			return err
+		}
+	}
 	if f.failEnable != nil {
 		return f.failEnable
 	}
@@ -46,11 +66,17 @@ func (f *fakeLifecycle) Enable(_ context.Context, uuid, root string, mountsFor [
 
 func (f *fakeLifecycle) Start(_ context.Context, uuid string) error {
 	f.calls = append(f.calls, fmt.Sprintf("start %s (%s)", uuid, f.state(uuid)))
+	if err := f.unlocked(uuid); err != nil {
+		return err
+	}
 	return f.failStart
 }
 
 func (f *fakeLifecycle) Disable(_ context.Context, uuid string) error {
 	f.calls = append(f.calls, fmt.Sprintf("disable %s (%s)", uuid, f.state(uuid)))
+	if err := f.unlocked(uuid); err != nil {
+		return err
+	}
 	if f.failDisable != nil {
 		return f.failDisable
 	}
