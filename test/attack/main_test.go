@@ -2,6 +2,7 @@ package attack
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,10 +16,28 @@ import (
 // namespace.
 const innerEnv = "SPARSEVOL_ATTACK_INNER"
 
+// dialEnv makes the test binary a client that only connects to the unix
+// socket it names (run as another user by the socket cases): exit 0 when
+// it connects, 3 when it may not.
+const dialEnv = "SPARSEVOL_ATTACK_DIAL"
+
+func dial(sock string) int {
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 3
+	}
+	conn.Close()
+	return 0
+}
+
 // bin is the sparsevol CLI built from this checkout by TestMain.
 var bin string
 
 func TestMain(m *testing.M) {
+	if sock := os.Getenv(dialEnv); sock != "" {
+		os.Exit(dial(sock))
+	}
 	if os.Geteuid() == 0 && os.Getenv(innerEnv) != "1" {
 		os.Exit(reexec())
 	}

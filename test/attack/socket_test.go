@@ -1,7 +1,9 @@
 package attack
 
 import (
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -54,4 +56,61 @@ func TestSocketModes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Another user cannot connect to the plugin's sockets (the code before
+// let anyone create volumes and delete root's files through them), even
+// when the directory around them lets everyone in.
+func TestSocketRefusesOtherUsers(t *testing.T) {
+	t.Parallel()
+	c := newCase(t)
+	reg := filepath.Join(c.mkdir("reg"), "reg.sock")
+	p := c.startPlugin("000", "--kubelet-registration-path", reg)
+	client := nobodyClient(t)
+	for _, dir := range []string{c.dir, filepath.Dir(reg), p.sockDir} {
+		if err := os.Chmod(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, sock := range []string{p.sock, reg} {
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if _, err := os.Stat(sock); err == nil {
+				break
+			}
+		}
+		cmd := exec.Command(client)
+		cmd.Env = []string{dialEnv + "=" + sock}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 3 || !strings.Contains(string(out), "permission denied") {
+			t.Errorf("uid 65534 connecting to %s: %v %s; want permission denied", sock, err, out)
+		}
+	}
+}
+
+// nobodyClient copies the test binary where any user may run it.
+func nobodyClient(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "atk-client-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := filepath.Join(dir, "client")
+	if err := os.WriteFile(client, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return client
 }
