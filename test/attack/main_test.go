@@ -7,9 +7,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/moby/sys/mountinfo"
 )
 
 // innerEnv marks the test binary re-executed inside its private mount
@@ -40,6 +43,10 @@ func TestMain(m *testing.M) {
 	}
 	if os.Geteuid() == 0 && os.Getenv(innerEnv) != "1" {
 		os.Exit(reexec())
+	}
+	if err := releaseCopiedLoopMounts(); err != nil {
+		fmt.Fprintln(os.Stderr, "attack:", err)
+		os.Exit(1)
 	}
 	if err := hideSystemd(); err != nil {
 		fmt.Fprintln(os.Stderr, "attack:", err)
@@ -77,6 +84,28 @@ func reexec() int {
 		return 1
 	}
 	return 0
+}
+
+// releaseCopiedLoopMounts lazily unmounts, in this private namespace
+// only, every mount of a loop device the namespace copied from the host
+// when it was made: other packages' tests running at the same time own
+// those, and a copy here would keep their devices busy until this suite
+// ends (their unmount on the host succeeds, their detach then fails).
+func releaseCopiedLoopMounts() error {
+	mounts, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
+		return m.Major != 7 && !strings.HasPrefix(m.Source, "/dev/loop"), false
+	})
+	if err != nil {
+		return err
+	}
+	// Deepest first, so no unmount finds its mount point covered.
+	slices.SortFunc(mounts, func(a, b *mountinfo.Info) int { return len(b.Mountpoint) - len(a.Mountpoint) })
+	for _, m := range mounts {
+		if err := syscall.Unmount(m.Mountpoint, syscall.MNT_DETACH); err != nil && err != syscall.EINVAL && err != syscall.ENOENT {
+			return fmt.Errorf("release the copy of %s: %w", m.Mountpoint, err)
+		}
+	}
+	return nil
 }
 
 // build compiles ./cmd/sparsevol of the module this package belongs to.
