@@ -16,10 +16,10 @@ import (
 // it is, with a size in range; whatever it refuses is a client error.
 func FuzzParseParameters(f *testing.F) {
 	type seed struct {
-		block                                      bool
+		block                                       bool
 		capFS, fsType, mkfs, provisioning, directIO string
-		discard, extraKey                          string
-		required, limit                            int64
+		discard, extraKey                           string
+		required, limit                             int64
 	}
 	for _, s := range []seed{
 		{capFS: "", mkfs: "-b 4096 -L data"},
