@@ -250,7 +250,16 @@ func blockSizeFor(dir string) uint32 {
 }
 
 // build runs the steps after reserve; each is safe to repeat.
-func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) error {
+func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) (err error) {
+	// A step that fails before the unit is enabled is undone: a failed
+	// create leaves nothing, so a rerun with other arguments starts afresh.
+	// (A crash leaves the volume creating instead, for a rerun or Delete.)
+	undo := true
+	defer func() {
+		if err != nil && undo {
+			err = s.rollback(v, err)
+		}
+	}()
 	crashPoint("create:reserved")
 	fd, _, err := s.createBacking(v.UUID)
 	if err != nil {
@@ -271,6 +280,9 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) error {
 	if err := s.format(ctx, v, dev); err != nil {
 		return err
 	}
+	if err := s.CheckFilesystem(ctx, v, dev.Path); err != nil {
+		return fmt.Errorf("format %s: mkfs did not make the volume's own filesystem: %w", v.Name, err)
+	}
 	if loop.UdevRunning() {
 		// Have udev probe the new filesystem or partition table now; the
 		// stable link is waited for below (and by the unit).
@@ -282,6 +294,9 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) error {
 	if err := s.enableUnit(ctx, v); err != nil {
 		return err
 	}
+	// From here the unit is enabled: a failure leaves the volume creating
+	// for Delete, which disables the unit too.
+	undo = false
 	v.State = StateReady
 	if err := s.writeMeta(v); err != nil {
 		return err
@@ -292,6 +307,31 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) error {
 		return s.finishAttach(ctx, v, dev)
 	}
 	return s.detachDevices(v, nil, DetachOptions{})
+}
+
+// rollback undoes a create that failed before its unit was enabled: it
+// detaches the volume's devices, removes its backing file and its
+// metadata, in Delete's order, and returns cause. The volume was never
+// ready, so nothing of value is lost. The caller holds v's lock. If a step
+// fails (a device is busy), the volume stays in state creating for a
+// rerun or Delete, and the error says so; its class stays cause's.
+func (s *Store) rollback(v *Volume, cause error) error {
+	err := s.detachDevices(v, nil, DetachOptions{Force: true})
+	if errors.Is(err, loop.ErrDeferred) {
+		err = nil // gone at its opener's last close; the file may go now
+	}
+	if err == nil {
+		err = s.removeBacking(v.UUID)
+	}
+	if err == nil {
+		err = s.removeMeta(v.UUID)
+	}
+	if err != nil {
+		s.log.Warn("create failed and was not rolled back", "volume", v.Name, "uuid", v.UUID, "error", err)
+		return fmt.Errorf("%w (rolling back failed, the volume stays %s for a rerun or delete: %v)", cause, StateCreating, err)
+	}
+	s.log.Info("create failed and was rolled back", "volume", v.Name, "uuid", v.UUID, "error", cause)
+	return cause
 }
 
 // format writes the filesystem or partition table whose UUID is the

@@ -1,0 +1,164 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/testutil"
+)
+
+// tmpfsStore opens a store on a tmpfs of size, unmounted at cleanup after
+// any loop device left on its files was detached and reported.
+func tmpfsStore(t *testing.T, size string, opts Options) *Store {
+	t.Helper()
+	testutil.RequireRoot(t)
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size="+size+",mode=0700"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	t.Cleanup(func() {
+		for _, dev := range boundUnder(dir) {
+			exec.Command("losetup", "-d", dev).Run()
+			t.Errorf("leaked loop device %s", dev)
+		}
+	})
+	s, err := Open(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// boundUnder lists the loop devices bound to a file in dir.
+func boundUnder(dir string) []string {
+	var devs []string
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err == nil && strings.HasPrefix(string(b), dir+"/") {
+			devs = append(devs, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(f))))
+		}
+	}
+	return devs
+}
+
+// assertNothingLeft fails unless the store holds no volume, no file but
+// its lock directory, and no loop device is bound to a file in it.
+func assertNothingLeft(t *testing.T, s *Store) {
+	t.Helper()
+	if vols, err := s.List(); err != nil || len(vols) != 0 {
+		t.Errorf("volumes left: %+v, %v", vols, err)
+	}
+	entries, _ := os.ReadDir(s.Root())
+	for _, e := range entries {
+		if e.Name() != lockDir {
+			t.Errorf("left in the store: %s", e.Name())
+		}
+	}
+	if devs := boundUnder(s.Root()); len(devs) > 0 {
+		t.Errorf("loop devices still bound to its files: %v", devs)
+	}
+}
+
+// TestFailedCreateLeavesNothing: a create that fails at any step before
+// the volume is ready (the file cannot grow, mkfs fails, the store fills
+// up under mkfs, mkfs makes something that is not the volume's own
+// filesystem) leaves no metadata, no backing file and no device, and a
+// rerun with other arguments succeeds.
+func TestFailedCreateLeavesNothing(t *testing.T) {
+	tests := []struct {
+		name  string
+		store func(t *testing.T) *Store
+		req   CreateRequest
+		setup func(t *testing.T) (undo func()) // around the create
+		want  string                           // in the error
+	}{
+		{
+			name:  "file too large",
+			store: func(t *testing.T) *Store { return newStore(t, Options{OvercommitRatio: 1e9}) },
+			req:   CreateRequest{SizeBytes: 64 << 20},
+			setup: func(t *testing.T) func() {
+				var old unix.Rlimit
+				if err := unix.Getrlimit(unix.RLIMIT_FSIZE, &old); err != nil {
+					t.Fatal(err)
+				}
+				if err := unix.Setrlimit(unix.RLIMIT_FSIZE, &unix.Rlimit{Cur: 8 * MiB, Max: old.Max}); err != nil {
+					t.Fatal(err)
+				}
+				return func() { unix.Setrlimit(unix.RLIMIT_FSIZE, &old) }
+			},
+			want: "file too large",
+		},
+		{
+			name:  "mkfs fails",
+			store: func(t *testing.T) *Store { return newStore(t, Options{}) },
+			req:   CreateRequest{SizeBytes: 16 << 20, MkfsOptions: []string{"-J size=1024"}},
+			want:  "mkfs.ext4",
+		},
+		{
+			name:  "store full under mkfs",
+			store: func(t *testing.T) *Store { return tmpfsStore(t, "4m", Options{OvercommitRatio: 1e9}) },
+			req:   CreateRequest{SizeBytes: 256 << 20, MkfsOptions: []string{"-E lazy_itable_init=0,lazy_journal_init=0"}},
+			want:  "mkfs.ext4",
+		},
+		{
+			name:  "mkfs makes another filesystem type",
+			store: func(t *testing.T) *Store { return newStore(t, Options{}) },
+			req: CreateRequest{SizeBytes: 16 << 20,
+				MkfsOptions: []string{"-O ^has_journal,^extent,^flex_bg,^huge_file,^dir_nlink,^extra_isize,^64bit,^metadata_csum"}},
+			want: "ext2",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := tt.store(t)
+			req := tt.req
+			req.Name = "v"
+			req.KeepAttached = true
+			undo := func() {}
+			if tt.setup != nil {
+				undo = tt.setup(t)
+			}
+			_, err := s.Create(context.Background(), req)
+			undo()
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Create = %v, want an error saying %q", err, tt.want)
+			}
+			if errors.Is(err, ErrInvalid) {
+				t.Fatalf("Create = %v: refused before it started, the case tests nothing", err)
+			}
+			assertNothingLeft(t, s)
+			v := mustCreate(t, s, CreateRequest{Name: "v", SizeBytes: MiB, Mode: ModeBlock, NoPartition: true})
+			if err := s.Delete(context.Background(), v.UUID, DetachOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			assertNothingLeft(t, s)
+		})
+	}
+}
+
+// TestCreateChecksTheFilesystem: a created filesystem volume's device
+// holds the volume's own filesystem (type and UUID), which create proved.
+func TestCreateChecksTheFilesystem(t *testing.T) {
+	s := newStore(t, Options{})
+	ctx := context.Background()
+	v := mustCreate(t, s, CreateRequest{Name: "v", SizeBytes: 16 << 20, KeepAttached: true,
+		MkfsOptions: []string{"-O ^has_journal", "-L data"}})
+	st, err := s.Status(v.UUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CheckFilesystem(ctx, v, st.Device); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, v.UUID, DetachOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
