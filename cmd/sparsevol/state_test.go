@@ -38,7 +38,7 @@ func TestBrokenVolumeCLI(t *testing.T) {
 		notInOut []string
 	}{
 		{[]string{"list"}, 0, []string{"good", bad + "  " + bad, "broken", meta, "unexpected end of JSON input", "sparsevol delete " + bad}, nil, nil},
-		{[]string{"list", "-o", "json"}, 0, []string{`"state": "broken"`, `"error": "read metadata ` + meta}, nil, nil},
+		{[]string{"list", "-o", "json"}, 0, []string{`"state": "broken"`, `"problem": "read metadata ` + meta}, nil, nil},
 		{[]string{"status", bad}, 0, []string{"State:", "broken", meta}, nil, nil},
 		{[]string{"status", "good"}, 0, []string{"ready"}, nil, nil},
 		{[]string{"create", "other", "--size", "1M", "--mode", "block", "--no-partition", "--no-start"}, 0, nil, nil, nil},

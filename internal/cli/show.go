@@ -149,7 +149,7 @@ func sizeLabel(st *volume.Status) string {
 func stateNote(st *volume.Status) string {
 	switch st.State {
 	case volume.StateBroken:
-		return fmt.Sprintf("broken: %s (repair the file, or `sparsevol delete %s`)", st.Error, st.UUID)
+		return fmt.Sprintf("broken: %s (repair the file, or `sparsevol delete %s`)", st.Problem, st.UUID)
 	case volume.StateExpanding:
 		size := volume.FormatSize(st.ExpandingTo)
 		return fmt.Sprintf("an expansion to %s is pending: `sparsevol expand %s --size %s` finishes it, `sparsevol expand %s --abandon` abandons it",

@@ -57,7 +57,7 @@ func TestBrokenMetadataSpoilsNothingElse(t *testing.T) {
 				t.Fatalf("List = %d volumes, broken one present %v; want good and the broken one", len(vols), broken != nil)
 			}
 			if broken.State != StateBroken || broken.Name != bad.UUID || broken.SizeBytes != MiB ||
-				!strings.Contains(broken.Error, s.metaPath(bad.UUID)) || !strings.Contains(broken.Error, tt.reason) {
+				!strings.Contains(broken.Problem, s.metaPath(bad.UUID)) || !strings.Contains(broken.Problem, tt.reason) {
 				t.Errorf("broken volume listed as %+v; want state broken, named by its UUID, 1 MiB, error naming %s and %q",
 					broken, s.metaPath(bad.UUID), tt.reason)
 			}

@@ -25,10 +25,9 @@ type Status struct {
 	DataDeviceBytes int64    `json:"dataDeviceBytes,omitempty"`
 	ExtraDevices    []string `json:"extraDevices,omitempty"`
 	// ForeignDevices are loop devices someone else bound to the volume's
-	// file (not ours by loop.Owner); Problem says what is unsafe about
-	// the volume, if anything. Operations refuse such a volume.
+	// file (not ours by loop.Owner); Volume.Problem then says so.
+	// Operations refuse such a volume.
 	ForeignDevices []string `json:"foreignDevices,omitempty"`
-	Problem        string   `json:"problem,omitempty"`
 }
 
 // AllocatedRatio is allocated bytes over logical size.

@@ -288,7 +288,9 @@ func (s *Store) flock(name string, how int) (func(), error) {
 // The caller holds v's lock or the store lock; removeStaleTemps relies on
 // it.
 func (s *Store) writeMeta(v *Volume) error {
-	data, err := json.MarshalIndent(v, "", "  ")
+	stored := *v
+	stored.Problem = "" // found anew by every reader
+	data, err := json.MarshalIndent(&stored, "", "  ")
 	if err != nil {
 		return fmt.Errorf("write metadata of %s: %w", v.Name, err)
 	}
@@ -328,10 +330,10 @@ func (s *Store) readMeta(uuid string) (*Volume, error) {
 // volume's is, and as large as that file (what it promised, for the space
 // policy, as far as anyone can tell).
 func (s *Store) brokenVolume(uuid string, err error) *Volume {
-	v := &Volume{Name: uuid, UUID: uuid, State: StateBroken, BackingFile: s.backingPath(uuid), Error: err.Error()}
+	v := &Volume{Name: uuid, UUID: uuid, State: StateBroken, BackingFile: s.backingPath(uuid), Problem: err.Error()}
 	var pe *os.PathError
 	if errors.As(err, &pe) {
-		v.Error = pe.Error() // the file and the reason, without the classes
+		v.Problem = pe.Error() // the file and the reason, without the classes
 	}
 	if fi, err := os.Lstat(v.BackingFile); err == nil && fi.Mode().IsRegular() {
 		v.SizeBytes = fi.Size()

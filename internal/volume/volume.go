@@ -118,9 +118,11 @@ type Volume struct {
 	// Labels carry caller-owned annotations (the CSI driver keeps the
 	// request name and parameters here).
 	Labels map[string]string `json:"labels,omitempty"`
-	// Error, in state broken only, names the metadata file and why it
-	// cannot be read. It is never written.
-	Error string `json:"error,omitempty"`
+	// Problem says what is wrong with the volume, if anything: why its
+	// metadata cannot be read (state broken, set by List and Get), or,
+	// in a Status, what is unsafe about it or that it is orphaned. It is
+	// never written to the metadata file.
+	Problem string `json:"problem,omitempty"`
 }
 
 // StablePath is the path that survives reboots where udev runs:
