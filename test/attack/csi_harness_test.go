@@ -63,10 +63,10 @@ func hasKubeletDir(t *testing.T) bool {
 	kubeletDirOnce.Do(func() {
 		out, _ := exec.Command(bin, "csi", "--help").CombinedOutput()
 		kubeletDirOK = strings.Contains(string(out), "--kubelet-dir")
+		if !kubeletDirOK {
+			t.Log("this sparsevol has no --kubelet-dir; the plugin runs without it")
+		}
 	})
-	if !kubeletDirOK {
-		t.Log("this sparsevol has no --kubelet-dir; the plugin runs without it")
-	}
 	return kubeletDirOK
 }
 
