@@ -29,9 +29,31 @@ vet:
 	$(GO) vet ./...
 
 # The test command of the README and of CI. Needs root: real loop devices,
-# mkfs and mounts.
+# mkfs and mounts. Then each fuzz target for FUZZTIME_TEST.
 test: build vet
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME_TEST)
+
+# The Go fuzz targets (package:target), each run for FUZZTIME: -fuzz takes
+# one target per run. A failing input is written to the package's
+# testdata/fuzz and fails the run; commit it as a regression case.
+FUZZ_TARGETS = \
+	./internal/volume:FuzzParseSize \
+	./internal/volume:FuzzValidateName \
+	./internal/volume:FuzzMkfsOptions \
+	./internal/csi:FuzzParseParameters
+FUZZTIME ?= 60s
+FUZZTIME_TEST ?= 5s
+
+.PHONY: fuzz
+fuzz:
+	@log=$$(mktemp); trap 'rm -f $$log' EXIT; \
+	for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "fuzz $$name ($$pkg) for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 5s $$pkg > $$log 2>&1 || { cat $$log; exit 1; }; \
+		grep -E '^fuzz: elapsed' $$log | tail -1; \
+	done
 
 UNITS    = sparsevol@.service sparsevol-boot.service sparsevol-boot-done.service
 
