@@ -237,9 +237,13 @@ func whyRefused(fsType, tok string) string {
 		return why
 	}
 	if len(tok) > 2 {
-		why := "give the value as a separate word"
+		why := "write " + tok[:2] + " " + tok[2:]
 		if r, ok := mkfsRefused[fsType][tok[:2]]; ok {
-			why = r
+			why = tok[:2] + " " + r
+		} else if opt, ok := mkfsAllowed[fsType][tok[:2]]; ok && opt.value != nil {
+			if err := opt.value(tok[2:]); err != nil {
+				why = err.Error()
+			}
 		}
 		return fmt.Sprintf("attached values are not accepted (%s)", why)
 	}

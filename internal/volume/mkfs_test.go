@@ -77,10 +77,11 @@ func TestNormalizeMkfsOptionsRefuses(t *testing.T) {
 		// Identity.
 		{"ext4", []string{"-U random"}, "UUID"},
 		{"ext4", []string{"-Urandom"}, "UUID"},
+		{"ext4", []string{"-b4096"}, "write -b 4096"},
 		{"ext4", []string{"-U " + u}, "UUID"},
 		{"ext4", []string{"-L", "-U"}, "option, not a value"},
 		{"xfs", []string{"-m uuid=" + u}, "UUID"},
-		{"xfs", []string{"-muuid=" + u}, "attached"},
+		{"xfs", []string{"-muuid=" + u}, "UUID"},
 		{"xfs", []string{"-m crc=1,uuid=" + u}, "UUID"},
 		// No filesystem.
 		{"ext4", []string{"-n"}, "dry run"},

@@ -177,8 +177,8 @@ func ValidateName(name string) error {
 	}
 	for i := 0; i < len(name); i++ {
 		if !nameByte(name[i]) {
-			return fmt.Errorf("name %+q contains %s; allowed are ASCII letters, digits, '.', '_' and '-': %w",
-				name, describeByte(name, i), ErrInvalid)
+			return fmt.Errorf("name %s contains %s; allowed are ASCII letters, digits, '.', '_' and '-': %w",
+				quoteName(name), describeByte(name, i), ErrInvalid)
 		}
 	}
 	switch {
@@ -192,6 +192,16 @@ func ValidateName(name string) error {
 		return fmt.Errorf("name %q is shaped like a UUID, which would make it ambiguous with a volume's UUID: %w", name, ErrInvalid)
 	}
 	return nil
+}
+
+// quoteName quotes a rejected name for a message: ASCII only, so that no
+// control or bidirectional character reaches a terminal, and shortened.
+func quoteName(name string) string {
+	const max = 64
+	if len(name) <= max {
+		return fmt.Sprintf("%+q", name)
+	}
+	return fmt.Sprintf("%+q...", strings.ToValidUTF8(name[:max], ""))
 }
 
 func nameByte(c byte) bool {
