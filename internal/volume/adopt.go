@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 
 	"fmt"
 	"os"
@@ -279,24 +278,14 @@ func (s *Store) moveIn(c *candidate) error {
 }
 
 func (s *Store) singlePartitionGUID(ctx context.Context, path string) (string, error) {
-	out, err := s.run.run(ctx, "sfdisk", "--json", path)
+	table, err := s.readPartitionTable(ctx, path)
 	if err != nil {
-		return "", fmt.Errorf("read partition table: %w: %w", err, ErrInvalid)
+		return "", fmt.Errorf("%w: %w", err, ErrInvalid)
 	}
-	var table struct {
-		PartitionTable struct {
-			Partitions []struct {
-				UUID string `json:"uuid"`
-			} `json:"partitions"`
-		} `json:"partitiontable"`
-	}
-	if err := json.Unmarshal(out, &table); err != nil {
-		return "", fmt.Errorf("read partition table: %w", err)
-	}
-	if n := len(table.PartitionTable.Partitions); n != 1 {
+	if n := len(table.Partitions); n != 1 {
 		return "", fmt.Errorf("%s has %d partitions, a sparse block volume has exactly one: %w", path, n, ErrInvalid)
 	}
-	return strings.ToLower(table.PartitionTable.Partitions[0].UUID), nil
+	return strings.ToLower(table.Partitions[0].UUID), nil
 }
 
 // parseExport reads blkid's KEY=value lines.

@@ -2,7 +2,6 @@ package volume
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -296,23 +295,14 @@ func (s *Store) growDevice(ctx context.Context, v *Volume, fileOnly bool) error 
 // partition 1 with the same start, GUID, type and name up to the end; then
 // tells the kernel, where it shows partitions at all.
 func (s *Store) growPartition(ctx context.Context, v *Volume, dev *loop.Device) error {
-	out, err := s.run.run(ctx, "sfdisk", "--json", dev.Path)
+	table, err := s.readPartitionTable(ctx, dev.Path)
 	if err != nil {
-		return fmt.Errorf("expand %s: read partition table: %w", v.Name, err)
+		return fmt.Errorf("expand %s: %w", v.Name, err)
 	}
-	var table struct {
-		PartitionTable struct {
-			LastLBA    int64 `json:"lastlba"`
-			Partitions []struct {
-				Start int64 `json:"start"`
-				Size  int64 `json:"size"`
-			} `json:"partitions"`
-		} `json:"partitiontable"`
-	}
-	if err := json.Unmarshal(out, &table); err != nil || len(table.PartitionTable.Partitions) != 1 {
+	if len(table.Partitions) != 1 {
 		return fmt.Errorf("expand %s: partition table of %s is not one GPT partition", v.Name, dev.Path)
 	}
-	p := table.PartitionTable.Partitions[0]
+	p := table.Partitions[0]
 	if _, err := s.run.run(ctx, "sgdisk", "--move-second-header", dev.Path); err != nil {
 		return fmt.Errorf("expand %s: %w", v.Name, err)
 	}

@@ -2,6 +2,7 @@ package volume
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 )
@@ -65,4 +66,29 @@ func fsckHint(fsType, device string) string {
 		return " and `xfs_repair -n " + device + "`"
 	}
 	return ""
+}
+
+// partitionTable is what sfdisk --json says of a partition table.
+type partitionTable struct {
+	LastLBA    int64 `json:"lastlba"`
+	Partitions []struct {
+		Start int64  `json:"start"`
+		Size  int64  `json:"size"`
+		UUID  string `json:"uuid"`
+	} `json:"partitions"`
+}
+
+// readPartitionTable reads the partition table of path (a device or a file).
+func (s *Store) readPartitionTable(ctx context.Context, path string) (partitionTable, error) {
+	out, err := s.run.run(ctx, "sfdisk", "--json", path)
+	if err != nil {
+		return partitionTable{}, fmt.Errorf("read partition table of %s: %w", path, err)
+	}
+	var doc struct {
+		PartitionTable partitionTable `json:"partitiontable"`
+	}
+	if err := json.Unmarshal(out, &doc); err != nil {
+		return partitionTable{}, fmt.Errorf("read partition table of %s: %w", path, err)
+	}
+	return doc.PartitionTable, nil
 }
