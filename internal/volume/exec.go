@@ -47,18 +47,6 @@ func (execRunner) run(ctx context.Context, name string, args ...string) ([]byte,
 	return stdout.Bytes(), nil
 }
 
-func init() {
-	// Units and minimal environments may lack the sbin directories where
-	// mkfs and friends live.
-	path := os.Getenv("PATH")
-	for _, dir := range []string{"/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin"} {
-		if !strings.Contains(":"+path+":", ":"+dir+":") {
-			path += ":" + dir
-		}
-	}
-	os.Setenv("PATH", strings.TrimPrefix(path, ":"))
-}
-
 // CrashEnv names the failure-injection hook used by the crash-safety tests:
 // when it equals a step name, the process kills itself with SIGKILL at that
 // step, exactly as a power cut or OOM kill would stop it.
