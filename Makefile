@@ -27,11 +27,13 @@ man: build
 
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags crashtest ./...
 
 # The test command of the README and of CI. Needs root: real loop devices,
-# mkfs and mounts. Then each fuzz target for FUZZTIME_TEST.
+# mkfs and mounts. -tags crashtest compiles in the crash points the
+# crash-safety tests kill the CLI at (never in the shipped binary). Then each fuzz target for FUZZTIME_TEST.
 test: build vet
-	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+	$(GO) test -count=1 -tags crashtest -timeout $(TEST_TIMEOUT) ./...
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME_TEST)
 
 # The Go fuzz targets (package:target), each run for FUZZTIME: -fuzz takes

@@ -46,15 +46,3 @@ func (execRunner) run(ctx context.Context, name string, args ...string) ([]byte,
 	}
 	return stdout.Bytes(), nil
 }
-
-// CrashEnv names the failure-injection hook used by the crash-safety tests:
-// when it equals a step name, the process kills itself with SIGKILL at that
-// step, exactly as a power cut or OOM kill would stop it.
-const CrashEnv = "SPARSEVOL_TEST_CRASH_AT"
-
-func crashPoint(step string) {
-	if v := os.Getenv(CrashEnv); v != "" && v == step {
-		syscall.Kill(os.Getpid(), syscall.SIGKILL)
-		select {} // never returns
-	}
-}
