@@ -175,9 +175,12 @@ func (p *plugin) targetPath(id string) string {
 	return filepath.Join(p.kubelet, "pods/pod-"+id[:8]+"/volumes/kubernetes.io~csi/pv-"+id[:8]+"/mount")
 }
 
-func (p *plugin) stage(id, staging string) error {
+func (p *plugin) stage(id, staging string) error { return p.stageAs(id, staging, "ext4") }
+
+// stageAs stages a mount volume of filesystem fsType.
+func (p *plugin) stageAs(id, staging, fsType string) error {
 	_, err := p.node.NodeStageVolume(ctx(p.c.t), &csi.NodeStageVolumeRequest{
-		VolumeId: id, StagingTargetPath: staging, VolumeCapability: mountCap("ext4"),
+		VolumeId: id, StagingTargetPath: staging, VolumeCapability: mountCap(fsType),
 	})
 	return err
 }

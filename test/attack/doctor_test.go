@@ -4,7 +4,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 )
 
@@ -18,7 +17,7 @@ func TestDoctorScopesOrphans(t *testing.T) {
 	dev := c.attach(a, u)
 	r := c.sv(b, "doctor")
 	c.expectCode(r, 0, 1)
-	if strings.Contains(r.stdout+r.stderr, "losetup -d "+dev+"\n") || strings.Contains(r.stdout+r.stderr, "losetup -d "+dev+" ") {
+	if advisesDetach(r.stdout+r.stderr, dev) {
 		t.Errorf("doctor of store b advises detaching store a's %s:\n%s", dev, r.stdout)
 	}
 }

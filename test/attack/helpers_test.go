@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -168,4 +169,9 @@ func expandNegative(t *testing.T, node bool) {
 			c.unchanged(before)
 		})
 	}
+}
+
+// advisesDetach reports whether doctor's output tells to detach dev.
+func advisesDetach(out, dev string) bool {
+	return regexp.MustCompile(`losetup -d ` + regexp.QuoteMeta(dev) + `(\s|$)`).MatchString(out)
 }

@@ -42,8 +42,13 @@ func TestTruncatedMetadata(t *testing.T) {
 	}
 	c.expectCode(c.sv(s, "status", "good"), 0)
 	c.expectCode(c.sv(s, "attach", good), 0)
+	dev := c.status(s, good).Device
 	c.expectCode(c.sv(s, "create", "third", "--no-start", "--size", "16M"), 0)
-	c.expectCode(c.sv(s, "doctor"), 1)
+	r = c.sv(s, "doctor")
+	c.expectCode(r, 1)
+	if dev != "" && advisesDetach(r.stdout+r.stderr, dev) {
+		t.Errorf("doctor advises detaching the healthy volume's %s:\n%s", dev, r.stdout)
+	}
 	c.expectCode(c.sv(s, "delete", bad), 0)
 	for _, p := range []string{meta, filepath.Join(s, bad)} {
 		if _, err := os.Lstat(p); err == nil {
