@@ -120,7 +120,7 @@ func build(dir string) (string, error) {
 	}
 	root := filepath.Dir(strings.TrimSpace(string(out)))
 	path := filepath.Join(dir, "sparsevol")
-	cmd := exec.Command(gobin, "build", "-o", path, "./cmd/sparsevol")
+	cmd := exec.Command(gobin, "build", "-tags", buildTags, "-o", path, "./cmd/sparsevol")
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build sparsevol: %w: %s", err, out)
