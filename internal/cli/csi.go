@@ -1,10 +1,8 @@
 package cli
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"os/signal"
 	"syscall"
 
@@ -65,81 +63,27 @@ next to csi-provisioner --node-deployment (see deploy/kubernetes).`,
 					return usagef("--%s: %v", CSIFlagSocketGroup, err)
 				}
 			}
-			log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
-			// The plugin owns its store: make it if the host path is
-			// missing. Open makes a lax one private (hostPath
-			// DirectoryOrCreate makes 0755 directories).
-			if err := os.MkdirAll(g.root, 0o700); err != nil {
-				return fmt.Errorf("create store %s: %w", g.root, err)
-			}
-			store, err := volume.Open(g.root, volume.Options{
-				OvercommitRatio: g.overcommit,
-				UdevTimeout:     g.udevWait,
-				Logger:          log,
-			})
-			if err != nil {
-				return err
-			}
-			metrics := csi.NewMetrics(store)
-			drv, err := csi.New(csi.Config{
-				DriverName: driverName,
-				Version:    readBuild().Version,
-				NodeID:     nodeID,
-				MaxVolumes: maxVolumes,
-				Store:      store,
-				Logger:     log,
-				Metrics:    metrics,
-				KubeletDir: kubeletDir,
-			})
-			if err != nil {
-				return err
-			}
-			l, err := csi.Listen(socket, gid)
-			if err != nil {
-				return err
-			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			ctx, cancel := context.WithCancel(ctx)
-			defer cancel()
-			errc := make(chan error, 3)
-			go func() { errc <- drv.Serve(ctx, l) }()
-			servers := 1
-			if registration != "" {
-				if kubeletEndpoint == "" {
-					kubeletEndpoint = socket
-				}
-				reg, err := kubelet.New(kubelet.Config{DriverName: driverName, Endpoint: kubeletEndpoint, Logger: log})
-				if err != nil {
-					return usageError{err}
-				}
-				regSocket := kubelet.SocketPath(registration, driverName)
-				if regSocket == socket {
-					// node-driver-registrar's flag of this name is the CSI
-					// socket; here it is kubelet's plugins_registry.
-					return usagef("--%s %s is the CSI socket; give kubelet's plugin registry (%s/) or a socket in it",
-						CSIFlagKubeletRegistration, registration, kubelet.DefaultRegistrationDir)
-				}
-				rl, err := kubelet.Listen(regSocket, gid)
-				if err != nil {
-					return err
-				}
-				servers++
-				go func() { errc <- reg.Serve(ctx, rl) }()
-			}
-			if metricsAddr != "" {
-				servers++
-				go func() { errc <- csi.ServeMetrics(ctx, metricsAddr, metrics, log) }()
-			}
-			var first error
-			for range servers {
-				if err := <-errc; err != nil && first == nil {
-					first = err
-				}
-				cancel() // one server ending stops the other
-			}
-			if first != nil {
-				return fmt.Errorf("csi: %w", first)
+			err = csi.Run(ctx, csi.PluginConfig{
+				Driver: csi.Config{
+					DriverName: driverName,
+					Version:    readBuild().Version,
+					NodeID:     nodeID,
+					MaxVolumes: maxVolumes,
+					KubeletDir: kubeletDir,
+				},
+				StoreRoot:       g.root,
+				StoreOptions:    volume.Options{OvercommitRatio: g.overcommit, UdevTimeout: g.udevWait},
+				Socket:          socket,
+				SocketGID:       gid,
+				Registration:    registration,
+				KubeletEndpoint: kubeletEndpoint,
+				MetricsAddress:  metricsAddr,
+				Logger:          slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level})),
+			})
+			if err != nil {
+				return fmt.Errorf("csi: %w", err)
 			}
 			return nil
 		},

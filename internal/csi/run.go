@@ -1,0 +1,115 @@
+package csi
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/sparsevol/sparsevol/internal/kubelet"
+	"github.com/sparsevol/sparsevol/internal/volume"
+)
+
+// PluginConfig is what one plugin process serves.
+type PluginConfig struct {
+	// Driver configures the CSI servers; Run fills in its Store, Metrics
+	// and Logger.
+	Driver Config
+	// StoreRoot is the store, created (0700) if missing; StoreOptions its
+	// options (Run sets the Logger).
+	StoreRoot    string
+	StoreOptions volume.Options
+	// Socket is the CSI endpoint's path; SocketGID its group, or
+	// unixsock.NoGroup for a root-only socket.
+	Socket    string
+	SocketGID int
+	// Registration, if set, is kubelet's plugin-registration socket to
+	// serve (no node-driver-registrar); KubeletEndpoint is the CSI socket
+	// as kubelet sees it (default: Socket).
+	Registration    string
+	KubeletEndpoint string
+	// MetricsAddress, if set, serves Prometheus metrics on it.
+	MetricsAddress string
+	Logger         *slog.Logger
+}
+
+// Run opens the store and serves CSI on cfg.Socket, and kubelet's plugin
+// registration and the metrics where asked, until ctx ends or one of the
+// servers fails; the others are then stopped, and Run returns the first
+// failure. Configuration errors wrap volume.ErrInvalid, and nothing is
+// served then.
+func Run(ctx context.Context, cfg PluginConfig) error {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	var reg *kubelet.Server
+	regSocket := ""
+	if cfg.Registration != "" {
+		endpoint := cfg.KubeletEndpoint
+		if endpoint == "" {
+			endpoint = cfg.Socket
+		}
+		var err error
+		if reg, err = kubelet.New(kubelet.Config{DriverName: cfg.Driver.DriverName, Endpoint: endpoint, Logger: log}); err != nil {
+			return fmt.Errorf("%w: %w", err, volume.ErrInvalid)
+		}
+		regSocket = kubelet.SocketPath(cfg.Registration, cfg.Driver.DriverName)
+		if regSocket == cfg.Socket {
+			// node-driver-registrar's flag of this name is the CSI socket;
+			// here it is kubelet's plugins_registry.
+			return fmt.Errorf("registration socket %s is the CSI socket; give kubelet's plugin registry (%s/) or a socket in it: %w",
+				cfg.Registration, kubelet.DefaultRegistrationDir, volume.ErrInvalid)
+		}
+	}
+	// The plugin owns its store: make it if the host path is missing.
+	// Open makes a lax one private (hostPath DirectoryOrCreate makes 0755
+	// directories).
+	if err := os.MkdirAll(cfg.StoreRoot, 0o700); err != nil {
+		return fmt.Errorf("create store %s: %w", cfg.StoreRoot, err)
+	}
+	opts := cfg.StoreOptions
+	opts.Logger = log
+	store, err := volume.Open(cfg.StoreRoot, opts)
+	if err != nil {
+		return err
+	}
+	drvCfg := cfg.Driver
+	drvCfg.Store, drvCfg.Logger, drvCfg.Metrics = store, log, NewMetrics(store)
+	drv, err := New(drvCfg)
+	if err != nil {
+		return err
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var servers []func() error
+	l, err := Listen(cfg.Socket, cfg.SocketGID)
+	if err != nil {
+		return err
+	}
+	servers = append(servers, func() error { return drv.Serve(ctx, l) })
+	if reg != nil {
+		rl, err := kubelet.Listen(regSocket, cfg.SocketGID)
+		if err != nil {
+			l.Close()
+			return err
+		}
+		servers = append(servers, func() error { return reg.Serve(ctx, rl) })
+	}
+	if cfg.MetricsAddress != "" {
+		servers = append(servers, func() error { return ServeMetrics(ctx, cfg.MetricsAddress, drvCfg.Metrics, log) })
+	}
+	errc := make(chan error, len(servers))
+	for _, serve := range servers {
+		go func() { errc <- serve() }()
+	}
+	var first error
+	for range servers {
+		if err := <-errc; err != nil && first == nil {
+			first = err
+		}
+		cancel() // one server ending stops the others
+	}
+	return first
+}
