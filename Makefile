@@ -31,7 +31,8 @@ vet:
 
 # The test command of the README and of CI. Needs root: real loop devices,
 # mkfs and mounts. -tags crashtest compiles in the crash points the
-# crash-safety tests kill the CLI at (never in the shipped binary). Then each fuzz target for FUZZTIME_TEST.
+# crash-safety tests kill the CLI at (never in the shipped binary). Then
+# each fuzz target runs for FUZZTIME_TEST.
 test: build vet
 	$(GO) test -count=1 -tags crashtest -timeout $(TEST_TIMEOUT) ./...
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME_TEST)
