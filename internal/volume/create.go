@@ -254,9 +254,12 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) (err er
 	// A step that fails before the unit is enabled is undone: a failed
 	// create leaves nothing, so a rerun with other arguments starts afresh.
 	// (A crash leaves the volume creating instead, for a rerun or Delete.)
+	// What is not provably the volume's own (ErrUnsafe: a symlink or a
+	// second link in place of the backing file, a foreign device on it) is
+	// left as it is, and so is the volume, for Delete and its rules.
 	undo := true
 	defer func() {
-		if err != nil && undo {
+		if err != nil && undo && !errors.Is(err, ErrUnsafe) {
 			err = s.rollback(v, err)
 		}
 	}()

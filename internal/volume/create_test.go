@@ -162,3 +162,44 @@ func TestCreateChecksTheFilesystem(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestFailedCreateLeavesUnsafeFilesAlone: finishing an unfinished create
+// whose backing file was replaced by a symlink fails with ErrUnsafe and
+// changes nothing: the link, its target and the volume stay for Delete.
+func TestFailedCreateLeavesUnsafeFilesAlone(t *testing.T) {
+	s := newStore(t, Options{})
+	req := CreateRequest{Name: "v", SizeBytes: 8 << 20}
+	if err := req.Normalize(); err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.reserve(req) // what a create killed before the file leaves
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(victim, []byte("precious"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, s.backingPath(v.UUID)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Create(context.Background(), req); !errors.Is(err, ErrUnsafe) {
+		t.Fatalf("Create over a symlinked backing file = %v, want ErrUnsafe", err)
+	}
+	if target, err := os.Readlink(s.backingPath(v.UUID)); err != nil || target != victim {
+		t.Errorf("backing file link now %q, %v; want it left pointing at %s", target, err, victim)
+	}
+	if data, err := os.ReadFile(victim); err != nil || string(data) != "precious" {
+		t.Errorf("victim now %q, %v", data, err)
+	}
+	if got, err := s.Get(v.UUID); err != nil || got.State != StateCreating {
+		t.Errorf("volume after the refusal: %+v, %v; want it still creating", got, err)
+	}
+	if err := s.Delete(context.Background(), v.UUID, DetachOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if data, err := os.ReadFile(victim); err != nil || string(data) != "precious" {
+		t.Errorf("victim after delete %q, %v", data, err)
+	}
+	assertNothingLeft(t, s)
+}
