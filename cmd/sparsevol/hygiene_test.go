@@ -346,7 +346,7 @@ func TestDoctorBackingFileProblems(t *testing.T) {
 				t.Fatal(err)
 			}
 			dev := strings.TrimSpace(string(out))
-			return func() { exec.Command("losetup", "-d", dev).Run() }
+			return func() { testutil.DetachIfServes(dev, file) }
 		}},
 	}
 	for _, tt := range tests {

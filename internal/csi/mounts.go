@@ -5,19 +5,16 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
-	mount "k8s.io/mount-utils"
 )
-
-// mountInfoPath is this mount namespace's mount table.
-const mountInfoPath = "/proc/self/mountinfo"
 
 // devNum is a device number split as mountinfo shows it.
 type devNum struct{ major, minor int }
 
 func devNumOf(rdev uint64) devNum { return devNum{int(unix.Major(rdev)), int(unix.Minor(rdev))} }
 
-func (n devNum) of(m mount.MountInfo) bool { return m.Major == n.major && m.Minor == n.minor }
+func (n devNum) of(m *mountinfo.Info) bool { return m.Major == n.major && m.Minor == n.minor }
 
 // usesOf lists where the block device dev is in use through mounts: as a
 // filesystem (its major:minor) and as a device node bind-mounted onto a
@@ -44,41 +41,41 @@ func deviceUses(dev string) (usesOf, error) {
 	if err := unix.Stat(dev, &node); err != nil {
 		return u, fmt.Errorf("stat %s: %w", dev, err)
 	}
-	infos, err := mount.ParseMountInfo(mountInfoPath)
+	infos, err := mountinfo.GetMounts(nil)
 	if err != nil {
-		return u, fmt.Errorf("read %s: %w", mountInfoPath, err)
+		return u, fmt.Errorf("read the mount table: %w", err)
 	}
 	u.known, u.fs, u.nodeDev = true, devNumOf(node.Rdev), devNumOf(node.Dev)
 	// The device node's path inside the filesystem that holds it (devtmpfs):
 	// a bind mount of the node shows that path as its root.
 	best := -1
 	for _, m := range infos {
-		if u.nodeDev.of(m) && (dev == m.MountPoint || strings.HasPrefix(dev, strings.TrimSuffix(m.MountPoint, "/")+"/")) &&
-			len(m.MountPoint) > best {
-			best = len(m.MountPoint)
-			rel := strings.TrimPrefix(dev, m.MountPoint)
+		if u.nodeDev.of(m) && (dev == m.Mountpoint || strings.HasPrefix(dev, strings.TrimSuffix(m.Mountpoint, "/")+"/")) &&
+			len(m.Mountpoint) > best {
+			best = len(m.Mountpoint)
+			rel := strings.TrimPrefix(dev, m.Mountpoint)
 			u.nodeRoot = filepath.Join(m.Root, rel)
 		}
 	}
 	for _, m := range infos {
 		switch {
 		case u.fs.of(m):
-			u.fsMounts = append(u.fsMounts, m.MountPoint)
-		case u.isNodeBind(m) && m.MountPoint != dev:
-			u.nodeBind = append(u.nodeBind, m.MountPoint)
+			u.fsMounts = append(u.fsMounts, m.Mountpoint)
+		case u.isNodeBind(m) && m.Mountpoint != dev:
+			u.nodeBind = append(u.nodeBind, m.Mountpoint)
 		}
 	}
 	return u, nil
 }
 
-func (u usesOf) isNodeBind(m mount.MountInfo) bool {
+func (u usesOf) isNodeBind(m *mountinfo.Info) bool {
 	return u.nodeRoot != "" && u.nodeDev.of(m) && m.Root == u.nodeRoot
 }
 
 // owns reports whether mount m is a use of the device: its filesystem
 // (mounted or bound anywhere) or a bind of its device node. This is the
 // proof required before anything at a node path is unmounted or removed.
-func (u usesOf) owns(m mount.MountInfo) bool {
+func (u usesOf) owns(m *mountinfo.Info) bool {
 	return u.known && (u.fs.of(m) || u.isNodeBind(m))
 }
 
@@ -109,21 +106,21 @@ func containsPath(list []string, p string) bool {
 // topMount returns the mount visible at path (the last of those stacked
 // there), and false if path is no mount point. path must be clean and free
 // of symlinks (checkNodePath), so it is spelled as mountinfo spells it.
-func topMount(path string) (mount.MountInfo, bool, error) {
-	infos, err := mount.ParseMountInfo(mountInfoPath)
+func topMount(path string) (*mountinfo.Info, bool, error) {
+	infos, err := mountinfo.GetMounts(nil)
 	if err != nil {
-		return mount.MountInfo{}, false, fmt.Errorf("read %s: %w", mountInfoPath, err)
+		return nil, false, fmt.Errorf("read the mount table: %w", err)
 	}
-	var at []mount.MountInfo
+	var at []*mountinfo.Info
 	for _, m := range infos {
-		if m.MountPoint == path {
+		if m.Mountpoint == path {
 			at = append(at, m)
 		}
 	}
 	for _, m := range at {
 		covered := false
 		for _, o := range at {
-			if o.ParentID == m.ID && o.ID != m.ID {
+			if o.Parent == m.ID && o.ID != m.ID {
 				covered = true
 				break
 			}
@@ -132,7 +129,7 @@ func topMount(path string) (mount.MountInfo, bool, error) {
 			return m, true, nil
 		}
 	}
-	return mount.MountInfo{}, false, nil
+	return nil, false, nil
 }
 
 // isMountPoint reports whether path is a mount point, by mountinfo.
@@ -142,21 +139,21 @@ func isMountPoint(path string) (bool, error) {
 }
 
 // describeMount names a mount for messages: what it is and from where.
-func describeMount(m mount.MountInfo) string {
-	return fmt.Sprintf("%s %s (device %d:%d, root %s)", m.FsType, m.Source, m.Major, m.Minor, m.Root)
+func describeMount(m *mountinfo.Info) string {
+	return fmt.Sprintf("%s %s (device %d:%d, root %s)", m.FSType, m.Source, m.Major, m.Minor, m.Root)
 }
 
 // unmountOwned unmounts the mounts stacked at path from the top for as
 // long as each is the volume's (uses.owns), and leaves alone the first one
 // that is not, returning it as foreign. unmounted counts what it took away.
-func (d *Driver) unmountOwned(path string, uses usesOf) (unmounted int, foreign *mount.MountInfo, err error) {
+func (d *Driver) unmountOwned(path string, uses usesOf) (unmounted int, foreign *mountinfo.Info, err error) {
 	for range 8 {
 		top, ok, err := topMount(path)
 		if err != nil || !ok {
 			return unmounted, nil, err
 		}
 		if !uses.owns(top) {
-			return unmounted, &top, nil
+			return unmounted, top, nil
 		}
 		if err := d.mounter.Unmount(path); err != nil {
 			return unmounted, nil, fmt.Errorf("unmount %s: %w", path, err)

@@ -294,7 +294,7 @@ func TestNodeTeardownTouchesOnlyItsOwn(t *testing.T) {
 			}
 			// Take the foreign mounts away, then tear the volume down.
 			for _, m := range []string{p.target, p.staging} {
-				if top, ok, _ := topMount(m); ok && top.FsType == "tmpfs" {
+				if top, ok, _ := topMount(m); ok && top.FSType == "tmpfs" {
 					if err := unix.Unmount(m, 0); err != nil {
 						t.Fatal(err)
 					}

@@ -143,7 +143,7 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 		}
 		if containsPath(uses.all(), target) {
 			return nil, status.Errorf(codes.FailedPrecondition, "volume %s: target path %s holds %s on top of the volume, which is not the volume's; left mounted",
-				v.UUID, target, describeMount(*foreign))
+				v.UUID, target, describeMount(foreign))
 		}
 		return &csi.NodeUnpublishVolumeResponse{}, nil
 	}

@@ -130,7 +130,7 @@ func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 	if all := uses.all(); len(all) > 0 {
 		if foreign != nil && containsPath(all, staging) {
 			return nil, status.Errorf(codes.FailedPrecondition, "volume %s: staging path %s holds %s on top of the volume, which is not the volume's; left mounted",
-				v.UUID, staging, describeMount(*foreign))
+				v.UUID, staging, describeMount(foreign))
 		}
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is still published at %v; unpublish it first", v.UUID, all)
 	}

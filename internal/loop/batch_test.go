@@ -42,7 +42,7 @@ func TestAttachMany(t *testing.T) {
 				reqs = append(reqs, AttachRequest{FD: openFD(t, path), Options: opts})
 				ids = append(ids, id)
 			}
-			var foreign []string
+			var foreign [][2]string // device, file
 			var mu sync.Mutex
 			var wg sync.WaitGroup
 			ctx, cancel := context.WithCancel(context.Background())
@@ -55,7 +55,7 @@ func TestAttachMany(t *testing.T) {
 					out, err := exec.CommandContext(ctx, "losetup", "--find", "--show", path).Output()
 					if err == nil {
 						mu.Lock()
-						foreign = append(foreign, strings.TrimSpace(string(out)))
+						foreign = append(foreign, [2]string{strings.TrimSpace(string(out)), path})
 						mu.Unlock()
 					}
 				}()
@@ -63,8 +63,8 @@ func TestAttachMany(t *testing.T) {
 			results := AttachMany(reqs, tt.parallel)
 			wg.Wait()
 			t.Cleanup(func() {
-				for _, d := range foreign {
-					exec.Command("losetup", "-d", d).Run()
+				for _, f := range foreign {
+					testutil.DetachIfServes(f[0], f[1])
 				}
 			})
 			seen := map[string]bool{}
@@ -93,9 +93,9 @@ func TestAttachMany(t *testing.T) {
 					t.Errorf("request %d: block size %d, want %d", i, got.BlockSize, tt.opts.BlockSize)
 				}
 			}
-			for _, d := range foreign {
-				if seen[d] {
-					t.Errorf("device %s given to both losetup and AttachMany", d)
+			for _, f := range foreign {
+				if seen[f[0]] {
+					t.Errorf("device %s given to both losetup and AttachMany", f[0])
 				}
 			}
 		})

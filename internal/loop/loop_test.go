@@ -229,9 +229,28 @@ func TestParseNumber(t *testing.T) {
 	}
 }
 
-func TestUnescapeMountPath(t *testing.T) {
-	if got := unescapeMountPath(`/mnt/a\040b`); got != "/mnt/a b" {
-		t.Fatalf("got %q", got)
+// TestMountPoints: a mount point with a space (mountinfo writes \040) is
+// named as it is, by MountPoints and by Busy.
+func TestMountPoints(t *testing.T) {
+	testutil.RequireRoot(t)
+	path, _ := backingFile(t, 16<<20)
+	dev := attach(t, path, AttachOptions{})
+	if out, err := exec.Command("mkfs.ext4", "-q", dev.Path).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs: %v: %s", err, out)
+	}
+	mnt := filepath.Join(t.TempDir(), "a b")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(dev.Path, mnt, "ext4", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(mnt, 0) })
+	if got, err := MountPoints(dev.Path); err != nil || len(got) != 1 || got[0] != mnt {
+		t.Fatalf("MountPoints = %q, %v; want [%q]", got, err, mnt)
+	}
+	if err := Busy(dev.Path); !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), mnt) {
+		t.Fatalf("Busy = %v, want ErrBusy naming %q", err, mnt)
 	}
 }
 
@@ -246,16 +265,17 @@ func TestConcurrentAttachWithForeignTools(t *testing.T) {
 		err error
 	}
 	results := make(chan res, ours)
-	foreign := make(chan string, theirs)
+	type bound struct{ dev, path string }
+	foreign := make(chan bound, theirs)
 	for i := 0; i < theirs; i++ {
 		path, _ := backingFile(t, 1<<20)
 		go func() {
 			out, err := exec.Command("losetup", "--find", "--show", path).Output()
 			if err != nil {
-				foreign <- ""
+				foreign <- bound{}
 				return
 			}
-			foreign <- strings.TrimSpace(string(out))
+			foreign <- bound{strings.TrimSpace(string(out)), path}
 		}()
 	}
 	for i := 0; i < ours; i++ {
@@ -279,11 +299,11 @@ func TestConcurrentAttachWithForeignTools(t *testing.T) {
 		t.Cleanup(func() { Detach(r.dev.Path, ownerOf(r.dev)) })
 	}
 	for i := 0; i < theirs; i++ {
-		if dev := <-foreign; dev != "" {
-			if seen[dev] {
-				t.Errorf("device %s shared with losetup", dev)
+		if f := <-foreign; f.dev != "" {
+			if seen[f.dev] {
+				t.Errorf("device %s shared with losetup", f.dev)
 			}
-			t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
+			t.Cleanup(func() { testutil.DetachIfServes(f.dev, f.path) })
 		}
 	}
 }
@@ -489,12 +509,7 @@ func TestOwnerCheck(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			path, id := backingFile(t, 64<<20)
-			out, err := exec.Command("losetup", append(append([]string{"--find", "--show"}, tt.losetup...), path)...).Output()
-			if err != nil {
-				t.Fatalf("losetup: %v", err)
-			}
-			foreign := strings.TrimSpace(string(out))
-			t.Cleanup(func() { exec.Command("losetup", "-d", foreign).Run() })
+			foreign := testutil.Losetup(t, path, tt.losetup...)
 			if tt.tag != "" {
 				// Forge our tag onto the foreign window: the window must
 				// still not pass.

@@ -1,7 +1,6 @@
 package loop
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -80,7 +80,7 @@ type MountTable map[string][]string
 func ReadMountTable() MountTable {
 	t := MountTable{}
 	for _, m := range mountEntries() {
-		t[m.devnum] = append(t[m.devnum], m.point)
+		t[devnum(m)] = append(t[devnum(m)], m.Mountpoint)
 	}
 	return t
 }
@@ -94,55 +94,23 @@ func (t MountTable) Of(path string) ([]string, error) {
 	return t[fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))], nil
 }
 
-type mountEntry struct{ devnum, point string }
-
-func mountEntries() []mountEntry {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	var out []mountEntry
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 4096), 1024*1024) // grows for long lines
-	for sc.Scan() {
-		// id parent major:minor root mountpoint ...
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		out = append(out, mountEntry{devnum: fields[2], point: unescapeMountPath(fields[4])})
-	}
-	return out
+// mountEntries reads this mount namespace's mount table; none if it
+// cannot be read.
+func mountEntries() []*mountinfo.Info {
+	infos, _ := mountinfo.GetMounts(nil)
+	return infos
 }
+
+func devnum(m *mountinfo.Info) string { return strconv.Itoa(m.Major) + ":" + strconv.Itoa(m.Minor) }
 
 func mountsOf(devnums map[string]string) []string {
 	var out []string
 	for _, m := range mountEntries() {
-		if name, ok := devnums[m.devnum]; ok {
-			out = append(out, fmt.Sprintf("mount of %s at %s", name, m.point))
+		if name, ok := devnums[devnum(m)]; ok {
+			out = append(out, fmt.Sprintf("mount of %s at %s", name, m.Mountpoint))
 		}
 	}
 	return out
-}
-
-// unescapeMountPath undoes mountinfo's octal escapes (\040 for space, ...).
-func unescapeMountPath(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // openers names processes that hold /dev/loopN or its partitions open, by

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sparsevol/sparsevol/internal/loop"
+	"github.com/sparsevol/sparsevol/internal/testutil"
 )
 
 // victim is a file outside any store that an attack aims at.
@@ -64,15 +64,6 @@ func (vi *victim) intact(t *testing.T) {
 		}
 		t.Errorf("victim %s was bound to %s", vi.path, devs[0].Path)
 	}
-}
-
-// losetup binds path with args as a foreign tool would and returns the
-// device, detached at cleanup.
-func losetup(t *testing.T, path string, args ...string) string {
-	t.Helper()
-	dev := strings.TrimSpace(run(t, "losetup", append(append([]string{"--find", "--show"}, args...), path)...))
-	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
-	return dev
 }
 
 // TestBackingFileRules: a backing file replaced by a symlink, given a
@@ -130,7 +121,7 @@ func TestBackingFileRules(t *testing.T) {
 			deleteErr  error
 			wantDelete bool
 		}{name, func(t *testing.T, s *Store, v *Volume, vi *victim) func(t *testing.T) {
-			dev := losetup(t, v.BackingFile, args...)
+			dev := testutil.Losetup(t, v.BackingFile, args...)
 			before, err := loop.Get(dev)
 			if err != nil {
 				t.Fatal(err)
@@ -186,7 +177,7 @@ func TestBackingFileRules(t *testing.T) {
 			check(t)
 			if !tt.wantDelete {
 				for _, d := range devicesUnder(s.Root()) {
-					exec.Command("losetup", "-d", d).Run()
+					testutil.DetachIfServes(d, v.BackingFile)
 				}
 				os.Remove(v.BackingFile)
 				s.Delete(ctx, v.UUID, DetachOptions{Force: true})
@@ -250,7 +241,7 @@ func TestAdoptRefuses(t *testing.T) {
 		}},
 		{"bound by losetup", func(t *testing.T) string {
 			path := formatted(t, t.TempDir())
-			losetup(t, path)
+			testutil.Losetup(t, path)
 			return path
 		}},
 	}

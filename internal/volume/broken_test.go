@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/sparsevol/sparsevol/internal/testutil"
 )
 
 // rawVolume creates a whole-device raw volume of 1 MiB (no mkfs: fast).
@@ -150,12 +151,7 @@ func TestDeleteBroken(t *testing.T) {
 			})
 		}, nil, true, false},
 		{"loop device on the file", func(t *testing.T, v *Volume) {
-			out, err := exec.Command("losetup", "--find", "--show", v.BackingFile).Output()
-			if err != nil {
-				t.Fatal(err)
-			}
-			dev := strings.TrimSpace(string(out))
-			t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
+			testutil.Losetup(t, v.BackingFile)
 		}, ErrBusy, true, true},
 	}
 	for _, tt := range tests {

@@ -13,6 +13,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/sparsevol/sparsevol/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -375,9 +376,7 @@ func TestDirectIOFallback(t *testing.T) {
 // losetup, as a disk of a foreign tool would be.
 func attach4Kn(t *testing.T, path string) string {
 	t.Helper()
-	dev := strings.TrimSpace(run(t, "losetup", "--find", "--show", "--sector-size", "4096", "--direct-io=on", path))
-	t.Cleanup(func() { run(t, "losetup", "-d", dev) })
-	return dev
+	return testutil.Losetup(t, path, "--sector-size", "4096", "--direct-io=on")
 }
 
 func abs(n int64) int64 {
