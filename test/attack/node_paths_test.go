@@ -90,6 +90,24 @@ func TestNodeTeardownTouchesOnlyTheVolume(t *testing.T) {
 		}, []codes.Code{codes.NotFound}},
 		{"unpublish unknown id, tmpfs at target", false, "unpublish", func(c *kase, path string) { c.mountForeignTmpfs(path) }, []codes.Code{codes.NotFound}},
 		{"unstage unknown id, tmpfs at staging", false, "unstage", func(c *kase, path string) { c.mountForeignTmpfs(path) }, []codes.Code{codes.NotFound}},
+		{"unpublish known id, file at target", true, "unpublish", func(c *kase, path string) {
+			if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+				c.t.Fatal(err)
+			}
+			if err := os.WriteFile(path, []byte("someone's file"), 0o600); err != nil {
+				c.t.Fatal(err)
+			}
+			c.watch(path)
+		}, []codes.Code{codes.OK, codes.FailedPrecondition}},
+		{"unpublish known id, directory with a file at target", true, "unpublish", func(c *kase, path string) {
+			if err := os.MkdirAll(path, 0o750); err != nil {
+				c.t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(path, "keep"), []byte("someone's file"), 0o600); err != nil {
+				c.t.Fatal(err)
+			}
+			c.watch(path)
+		}, []codes.Code{codes.OK, codes.FailedPrecondition}},
 		{"unpublish known id, tmpfs at target", true, "unpublish", func(c *kase, path string) { c.mountForeignTmpfs(path) }, []codes.Code{codes.OK, codes.FailedPrecondition}},
 		{"unstage known id, tmpfs at staging", true, "unstage", func(c *kase, path string) { c.mountForeignTmpfs(path) }, []codes.Code{codes.OK, codes.FailedPrecondition}},
 	} {
