@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"github.com/sparsevol/sparsevol/internal/csi"
 	"github.com/sparsevol/sparsevol/internal/loop"
 	"github.com/sparsevol/sparsevol/internal/systemd"
 	"github.com/sparsevol/sparsevol/internal/volume"
@@ -118,8 +119,8 @@ func (g *globals) diagnose() []finding {
 	}
 
 	// Loop support.
-	if _, err := os.Stat("/dev/loop-control"); err != nil {
-		add("FAIL", "loop", "/dev/loop-control is missing", "load the loop module: modprobe loop")
+	if err := loop.Supported(); err != nil {
+		add("FAIL", "loop", err.Error(), "load the loop module: modprobe loop")
 	} else {
 		devs, _ := loop.Scan()
 		all, _ := filepath.Glob("/sys/block/loop*")
@@ -127,7 +128,7 @@ func (g *globals) diagnose() []finding {
 	}
 
 	// Udev and systemd.
-	if _, err := os.Stat("/run/udev/control"); err != nil {
+	if !loop.UdevRunning() {
 		add("WARN", "udev", "udevd is not running: /dev/disk/by-uuid and by-partuuid links will not appear",
 			"use /dev/sparsevol/<uuid> links, or run on a host with udev")
 	} else {
@@ -191,7 +192,7 @@ func (g *globals) diagnose() []finding {
 				fmt.Sprintf("rerun the operation, or `sparsevol delete %s`", st.UUID))
 		case st.FileMissing:
 			add("FAIL", check, "backing file "+st.BackingFile+" is gone", "restore it from backup, or `sparsevol delete "+st.UUID+"`")
-		case systemd.Running() && st.Labels["sparsevol.io/managed-by"] == "" && !units.Enabled(st.UUID):
+		case systemd.Running() && st.Labels[csi.LabelManagedBy] == "" && !units.Enabled(st.UUID):
 			add("WARN", check, "no enabled unit: it will not come back after a reboot",
 				"systemctl enable --now "+systemd.UnitName(st.UUID))
 		}
@@ -216,8 +217,8 @@ func taggedDevices(root string, ours map[string]bool) []finding {
 	var out []finding
 	others := 0
 	for _, d := range devs {
-		uuid, ok := strings.CutPrefix(d.Tag, "sparsevol:")
-		if !ok || !volume.ValidUUID(uuid) {
+		uuid, ok := volume.TagUUID(d.Tag)
+		if !ok {
 			continue
 		}
 		file, ok := backingFileOf(d)
@@ -293,7 +294,7 @@ func partitionSupport(dir string) finding {
 	if err := exec.Command("sgdisk", "--new=1:0:0", f.Name()).Run(); err != nil {
 		return finding{"WARN", check, "cannot test: sgdisk: " + err.Error(), ""}
 	}
-	opts := loop.AttachOptions{Partscan: true, Tag: "sparsevol:doctor"}
+	opts := loop.AttachOptions{Partscan: true, Tag: volume.TagPrefix + "doctor"}
 	dev, err := loop.Attach(int(f.Fd()), opts)
 	if err != nil {
 		return finding{"WARN", check, "cannot test: " + err.Error(), ""}

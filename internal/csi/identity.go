@@ -2,17 +2,12 @@ package csi
 
 import (
 	"context"
-	"fmt"
-	"os"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
-
-// loopControl is where the kernel offers loop devices; Probe checks it.
-var loopControl = "/dev/loop-control"
 
 // GetPluginInfo returns the driver name and version.
 func (d *Driver) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
@@ -44,14 +39,4 @@ func (d *Driver) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeResponse, 
 	return &csi.ProbeResponse{Ready: wrapperspb.Bool(true)}, nil
 }
 
-func (d *Driver) healthy() error {
-	if _, err := d.store.Space(); err != nil {
-		return fmt.Errorf("store %s: %w", d.store.Root(), err)
-	}
-	f, err := os.OpenFile(loopControl, os.O_RDWR, 0)
-	if err != nil {
-		return fmt.Errorf("loop support: %w", err)
-	}
-	f.Close()
-	return nil
-}
+func (d *Driver) healthy() error { return d.store.Check() }

@@ -13,7 +13,18 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-const controlPath = "/dev/loop-control"
+// ControlPath is where the kernel offers loop devices.
+const ControlPath = "/dev/loop-control"
+
+// Supported returns nil if this kernel offers loop devices to us: the
+// control device opens for writing.
+func Supported() error {
+	fd, err := unix.Open(ControlPath, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("loop support: %w", &os.PathError{Op: "open", Path: ControlPath, Err: err})
+	}
+	return unix.Close(fd)
+}
 
 // AttachOptions configures a new binding.
 type AttachOptions struct {
@@ -77,13 +88,13 @@ func Attach(backing int, opts AttachOptions) (*Device, error) {
 // serialises attaches among the processes that honour it (as systemd
 // does). Closing the returned fd releases the lock.
 func lockControl() (int, error) {
-	fd, err := unix.Open(controlPath, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(ControlPath, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return -1, &os.PathError{Op: "open", Path: controlPath, Err: err}
+		return -1, &os.PathError{Op: "open", Path: ControlPath, Err: err}
 	}
 	if err := flock(fd, unix.LOCK_EX); err != nil {
 		unix.Close(fd)
-		return -1, fmt.Errorf("lock %s: %w", controlPath, err)
+		return -1, fmt.Errorf("lock %s: %w", ControlPath, err)
 	}
 	return fd, nil
 }

@@ -18,9 +18,18 @@ import (
 	"github.com/sparsevol/sparsevol/internal/loop"
 )
 
-// tag is what attach writes into lo_file_name, so `losetup -l` and a
-// look at any loop device tell which volume it serves.
-func tag(uuid string) string { return "sparsevol:" + uuid }
+// TagPrefix starts what attach writes into lo_file_name: the tag of a
+// volume's device is TagPrefix + UUID, so `losetup -l` and a look at any
+// loop device tell which volume it serves.
+const TagPrefix = "sparsevol:"
+
+func tag(uuid string) string { return TagPrefix + uuid }
+
+// TagUUID returns the volume UUID a device tag names, if it is a volume's.
+func TagUUID(t string) (string, bool) {
+	uuid, ok := strings.CutPrefix(t, TagPrefix)
+	return uuid, ok && ValidUUID(uuid)
+}
 
 // devices sorts what is bound to v's backing file into v's own devices
 // (proven by v.owner: the file's identity, or the identity recorded at

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sparsevol/sparsevol/internal/fsutil"
+	"github.com/sparsevol/sparsevol/internal/loop"
 )
 
 // DefaultRoot is the store directory when neither --root nor
@@ -442,6 +443,16 @@ func (s *Store) withVolume(ref string, fn func(v *Volume) error) error {
 		return err
 	}
 	return fn(v)
+}
+
+// Check returns nil if the store and the node can serve volumes: the
+// store's volumes can be listed and measured, and the kernel offers loop
+// devices.
+func (s *Store) Check() error {
+	if _, err := s.Space(); err != nil {
+		return fmt.Errorf("store %s: %w", s.root, err)
+	}
+	return loop.Supported()
 }
 
 // Space describes the store's filesystem and what its volumes promise.
