@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
 // row is one line of the report: a measurement, its baseline from the same
@@ -191,18 +193,7 @@ func xmlEscape(s string) string {
 	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;").Replace(s)
 }
 
-func human(n float64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%.0f B", n)
-	}
-	div, exp := float64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", n/div, "KMGTPE"[exp])
-}
+func human(n float64) string { return volume.FormatBytes(int64(n)) }
 
 func ms(d time.Duration) string {
 	return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))

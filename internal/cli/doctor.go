@@ -158,8 +158,8 @@ func (g *globals) diagnose() []finding {
 	sp, err := s.Space()
 	if err == nil {
 		detail := fmt.Sprintf("free %s, volumes hold %s, promise %s, ratio %g, can still promise %s",
-			humanBytes(sp.FreeBytes), humanBytes(sp.AllocatedBytes), humanBytes(sp.CommittedBytes),
-			sp.OvercommitRatio, humanBytes(sp.CapacityBytes))
+			volume.FormatBytes(sp.FreeBytes), volume.FormatBytes(sp.AllocatedBytes), volume.FormatBytes(sp.CommittedBytes),
+			sp.OvercommitRatio, volume.FormatBytes(sp.CapacityBytes))
 		if sp.CommittedBytes-sp.AllocatedBytes > sp.FreeBytes {
 			add("WARN", "space", "overcommitted: if every volume fills up, the store's filesystem runs out; "+detail,
 				"free space on the store's filesystem, or shrink what the volumes promise")
@@ -264,7 +264,7 @@ func storeFilesystem(root string) finding {
 		return finding{"WARN", check, fmt.Sprintf("statfs %s: %v", root, err), ""}
 	}
 	total, avail := int64(st.Blocks)*st.Bsize, int64(st.Bavail)*st.Bsize
-	detail := fmt.Sprintf("%s of %s available on the store's filesystem", humanBytes(avail), humanBytes(total))
+	detail := fmt.Sprintf("%s of %s available on the store's filesystem", volume.FormatBytes(avail), volume.FormatBytes(total))
 	fix := "free space on the store's filesystem (volumes that find none get write errors)"
 	switch {
 	case avail == 0:

@@ -63,7 +63,7 @@ func progress(g *globals, what string) func(done, total int64) {
 		if total > 0 {
 			pct = 100 * float64(done) / float64(total)
 		}
-		fmt.Fprintf(g.stderr, "\r%s: %s of %s (%.0f%%)", what, humanBytes(done), humanBytes(total), pct)
+		fmt.Fprintf(g.stderr, "\r%s: %s of %s (%.0f%%)", what, volume.FormatBytes(done), volume.FormatBytes(total), pct)
 		if done >= total {
 			fmt.Fprintln(g.stderr)
 		}

@@ -59,7 +59,7 @@ func newListCommand(g *globals) *cobra.Command {
 			var notes []string
 			for _, st := range sts {
 				fmt.Fprintf(w, "%s\t%s\t%s\t%s (%.0f%%)\t%s\t%s\t%s\t%s\t%s\n",
-					st.Name, st.UUID, sizeLabel(st), humanBytes(st.AllocatedBytes),
+					st.Name, st.UUID, sizeLabel(st), volume.FormatBytes(st.AllocatedBytes),
 					100*st.AllocatedRatio(), modeLabel(st), dash(st.FSType), st.State, dash(st.Device), st.StablePath)
 				if note := stateNote(st); note != "" {
 					notes = append(notes, st.Name+": "+note)
@@ -111,7 +111,7 @@ func newStatusCommand(g *globals) *cobra.Command {
 			if st.ExpandingTo != 0 {
 				row("Expanding to", fmt.Sprintf("%s (%d bytes; backing file %d bytes)", volume.FormatSize(st.ExpandingTo), st.ExpandingTo, st.FileSizeBytes))
 			}
-			row("Allocated", fmt.Sprintf("%s (%.1f%%)", humanBytes(st.AllocatedBytes), 100*st.AllocatedRatio()))
+			row("Allocated", fmt.Sprintf("%s (%.1f%%)", volume.FormatBytes(st.AllocatedBytes), 100*st.AllocatedRatio()))
 			row("Mode", modeLabel(st))
 			row("Filesystem", dash(st.FSType))
 			row("Backing file", st.BackingFile)
@@ -173,19 +173,6 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
-}
-
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%dB", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 func writeJSON(w io.Writer, v any) error {

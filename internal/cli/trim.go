@@ -76,17 +76,10 @@ func writeTrimTable(g *globals, results []*volume.TrimResult) {
 		case r.Thick:
 			note = "thick: re-allocated, not trimmed"
 		case r.Skipped == "":
-			fsUses = humanBytes(r.FilesystemUsedBytes)
+			fsUses = volume.FormatBytes(r.FilesystemUsedBytes)
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, dash(r.MountPoint),
-			humanBytes(r.AllocatedBefore), humanBytes(r.AllocatedAfter), signedBytes(r.ReclaimedBytes()), fsUses, dash(note))
+			volume.FormatBytes(r.AllocatedBefore), volume.FormatBytes(r.AllocatedAfter), volume.FormatBytes(r.ReclaimedBytes()), fsUses, dash(note))
 	}
 	w.Flush()
-}
-
-func signedBytes(n int64) string {
-	if n < 0 {
-		return "-" + humanBytes(-n)
-	}
-	return humanBytes(n)
 }

@@ -299,16 +299,37 @@ func RoundUpMiB(n int64) int64 {
 // MinSize returns the smallest size allowed for a filesystem ("" for raw).
 func MinSize(fsType string) int64 { return minSize[fsType] }
 
-// FormatSize renders bytes with the largest exact binary unit.
+// The one style of sizes in output: binary units written Ki, Mi, Gi, Ti,
+// or B below a KiB (what ParseSize reads back), exact where a size is a
+// setting (FormatSize), to one decimal where it is a measurement
+// (FormatBytes).
+var binaryUnits = []string{"Ti", "Gi", "Mi", "Ki"}
+
+// FormatSize renders bytes with the largest exact binary unit, or in B.
 func FormatSize(n int64) string {
-	units := []string{"Ti", "Gi", "Mi", "Ki"}
-	for i, u := range units {
+	for i, u := range binaryUnits {
 		div := int64(1) << (10 * uint(4-i))
 		if n >= div && n%div == 0 {
 			return fmt.Sprintf("%d%s", n/div, u)
 		}
 	}
-	return strconv.FormatInt(n, 10)
+	return strconv.FormatInt(n, 10) + "B"
+}
+
+// FormatBytes renders a measured amount of bytes (allocation, free space,
+// progress) to one decimal of the largest binary unit it reaches; negative
+// amounts (space given back) keep their sign.
+func FormatBytes(n int64) string {
+	if n < 0 {
+		return "-" + FormatBytes(-n)
+	}
+	for i, u := range binaryUnits {
+		div := int64(1) << (10 * uint(4-i))
+		if n >= div {
+			return fmt.Sprintf("%.1f%s", float64(n)/float64(div), u)
+		}
+	}
+	return strconv.FormatInt(n, 10) + "B"
 }
 
 func (v *Volume) backingID() loop.FileID {

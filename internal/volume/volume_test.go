@@ -243,9 +243,17 @@ func TestStablePath(t *testing.T) {
 }
 
 func TestFormatSize(t *testing.T) {
-	for in, want := range map[int64]string{1 << 30: "1Gi", 3 << 20: "3Mi", 1536: "1536", 5 << 40: "5Ti", 1024: "1Ki"} {
+	for in, want := range map[int64]string{1 << 30: "1Gi", 3 << 20: "3Mi", 1536: "1536B", 5 << 40: "5Ti", 1024: "1Ki", 0: "0B"} {
 		if got := FormatSize(in); got != want {
 			t.Errorf("FormatSize(%d) = %s, want %s", in, got, want)
+		}
+		if back, err := ParseSize(FormatSize(in)); in > 0 && (err != nil || back != in) {
+			t.Errorf("ParseSize(FormatSize(%d)) = %d, %v", in, back, err)
+		}
+	}
+	for in, want := range map[int64]string{0: "0B", 1023: "1023B", 1536: "1.5Ki", 3<<20 + 1<<19: "3.5Mi", -(2 << 30): "-2.0Gi"} {
+		if got := FormatBytes(in); got != want {
+			t.Errorf("FormatBytes(%d) = %s, want %s", in, got, want)
 		}
 	}
 }
