@@ -61,7 +61,7 @@ func BenchmarkAttachDetach200(b *testing.B) {
 		files = append(files, v.BackingFile)
 	}
 	b.Cleanup(func() {
-		s.DetachAll(ctx, volume.DetachOptions{})
+		s.DetachAll(volume.DetachOptions{})
 		for _, u := range uuids {
 			s.Delete(ctx, u, volume.DetachOptions{})
 		}
@@ -99,7 +99,7 @@ func BenchmarkAttachDetach200(b *testing.B) {
 		})
 		callDetach := timeIt(func() {
 			for _, u := range uuids {
-				if err := s.Detach(ctx, u, volume.DetachOptions{}); err != nil {
+				if err := s.Detach(u, volume.DetachOptions{}); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -110,7 +110,7 @@ func BenchmarkAttachDetach200(b *testing.B) {
 			}
 		})
 		batchDetach := timeIt(func() {
-			if err := s.DetachAll(ctx, volume.DetachOptions{}); err != nil {
+			if err := s.DetachAll(volume.DetachOptions{}); err != nil {
 				b.Fatal(err)
 			}
 		})
@@ -188,7 +188,7 @@ func BenchmarkAttachAllRSS(b *testing.B) {
 		b.ReportMetric(float64(wall.Milliseconds()), "attach-all-ms")
 		devs, _ := loop.List()
 		fmt.Printf("attach --all of %d volumes (process): %v, peak RSS %.1f MiB, %d loop devices bound\n", n, wall.Round(time.Millisecond), float64(rss)/1024, len(devs))
-		if err := s.DetachAll(ctx, volume.DetachOptions{}); err != nil {
+		if err := s.DetachAll(volume.DetachOptions{}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -48,7 +48,7 @@ func runAttach(ctx context.Context, c *config, r *report) error {
 	var files []string
 	var uuids []string
 	defer func() {
-		s.DetachAll(ctx, volume.DetachOptions{})
+		s.DetachAll(volume.DetachOptions{})
 		for _, u := range uuids {
 			s.Delete(ctx, u, volume.DetachOptions{})
 		}
@@ -163,7 +163,7 @@ func runAttach(ctx context.Context, c *config, r *report) error {
 	}
 	callDetach, err := timeIt(func() error {
 		for _, u := range uuids {
-			if err := s.Detach(ctx, u, volume.DetachOptions{}); err != nil {
+			if err := s.Detach(u, volume.DetachOptions{}); err != nil {
 				return err
 			}
 		}
@@ -282,7 +282,7 @@ func runSpace(ctx context.Context, c *config, r *report) error {
 	if err != nil {
 		return err
 	}
-	defer func() { s.Detach(ctx, v.UUID, volume.DetachOptions{}); s.Delete(ctx, v.UUID, volume.DetachOptions{}) }()
+	defer func() { s.Detach(v.UUID, volume.DetachOptions{}); s.Delete(ctx, v.UUID, volume.DetachOptions{}) }()
 	st, err := s.Status(v.UUID)
 	if err != nil {
 		return err

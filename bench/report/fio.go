@@ -84,7 +84,7 @@ func runFio(ctx context.Context, c *config, r *report) error {
 		if err != nil {
 			return err
 		}
-		cleanups = append(cleanups, func() { s.Detach(ctx, v.UUID, volume.DetachOptions{}); s.Delete(ctx, v.UUID, volume.DetachOptions{}) })
+		cleanups = append(cleanups, func() { s.Detach(v.UUID, volume.DetachOptions{}); s.Delete(ctx, v.UUID, volume.DetachOptions{}) })
 		st, err := s.Status(v.UUID)
 		if err != nil {
 			return err

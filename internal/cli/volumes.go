@@ -160,9 +160,9 @@ This is the unit's ExecStop.`,
 			}
 			opts := volume.DetachOptions{Force: force}
 			if all {
-				return s.DetachAll(cmd.Context(), opts)
+				return s.DetachAll(opts)
 			}
-			return eachVolume(s, args, func(ref string) error { return s.Detach(cmd.Context(), ref, opts) })
+			return eachVolume(s, args, func(ref string) error { return s.Detach(ref, opts) })
 		},
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "detach every volume of the store")
@@ -223,7 +223,7 @@ to put the file back to the old size while nothing uses the new space.`,
 			}
 			var v *volume.Volume
 			if abandon {
-				v, err = s.AbandonExpand(cmd.Context(), args[0])
+				v, err = s.AbandonExpand(args[0])
 			} else {
 				v, err = s.Expand(cmd.Context(), args[0], bytes, volume.ExpandOptions{})
 			}

@@ -399,7 +399,7 @@ func TestRebootSelfHeal(t *testing.T) {
 					t.Fatalf("unmount %s: %v", m, err)
 				}
 			}
-			if err := e.store.Detach(ctx, p.id, volume.DetachOptions{}); err != nil {
+			if err := e.store.Detach(p.id, volume.DetachOptions{}); err != nil {
 				t.Fatalf("detach behind the driver's back: %v", err)
 			}
 			if devs := devicesOf(t, p.id); len(devs) != 0 {

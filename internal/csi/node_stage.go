@@ -134,7 +134,7 @@ func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 		}
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is still published at %v; unpublish it first", v.UUID, all)
 	}
-	err = d.store.Detach(ctx, v.UUID, volume.DetachOptions{})
+	err = d.store.Detach(v.UUID, volume.DetachOptions{})
 	switch {
 	case err == nil:
 	case errors.Is(err, volume.ErrDeferred):

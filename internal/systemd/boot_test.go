@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	systemdunit "github.com/sparsevol/sparsevol/deploy/systemd"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
@@ -41,7 +42,7 @@ func newTestManager(t *testing.T, storeRoot string) Manager {
 	if err := os.MkdirAll(m.Dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(m.Dir, TemplateName), []byte(Render("/usr/bin/sparsevol", storeRoot)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(m.Dir, TemplateName), []byte(render(systemdunit.Template, "/usr/bin/sparsevol", storeRoot)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return m

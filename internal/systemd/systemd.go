@@ -57,9 +57,6 @@ func (m Manager) dir() string {
 	return m.Dir
 }
 
-// Render returns the template for a binary at binary and a default store
-// at root.
-func Render(binary, root string) string { return render(systemdunit.Template, binary, root) }
 
 // shipped are the unit files Install writes, by name.
 var shipped = []struct{ name, text string }{

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	systemdunit "github.com/sparsevol/sparsevol/deploy/systemd"
 )
 
 func TestRender(t *testing.T) {
@@ -23,7 +25,7 @@ func TestRender(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			unit := Render(tt.binary, tt.root)
+			unit := render(systemdunit.Template, tt.binary, tt.root)
 			for _, w := range tt.want {
 				if !strings.Contains(unit, w) {
 					t.Errorf("unit lacks %q", w)
@@ -59,7 +61,7 @@ func TestUnitsVerify(t *testing.T) {
 	if err := m.Generate(gen); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(m.Dir, UnitName(uuid)), []byte(Render(bin, dir)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(m.Dir, UnitName(uuid)), []byte(render(systemdunit.Template, bin, dir)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	args := []string{"verify", "--man=no", filepath.Join(m.Dir, UnitName(uuid))}

@@ -481,7 +481,7 @@ type DetachOptions struct {
 // kernel detaches it at last close and the error says so
 // (loop.ErrDeferred). Devices someone else bound to the volume's file are
 // never detached: they are named in a warning.
-func (s *Store) Detach(ctx context.Context, ref string, opts DetachOptions) error {
+func (s *Store) Detach(ref string, opts DetachOptions) error {
 	return s.withVolume(ref, func(v *Volume) error {
 		return s.detachDevices(v, nil, opts)
 	})
@@ -490,7 +490,7 @@ func (s *Store) Detach(ctx context.Context, ref string, opts DetachOptions) erro
 // DetachAll detaches every volume of the store with one lookup of the loop
 // devices, under every volume's lock; busy ones are reported and left
 // attached.
-func (s *Store) DetachAll(ctx context.Context, opts DetachOptions) error {
+func (s *Store) DetachAll(opts DetachOptions) error {
 	vols, err := s.lockAll(nil)
 	if err != nil {
 		return err

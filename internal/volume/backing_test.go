@@ -131,7 +131,7 @@ func TestBackingFileRules(t *testing.T) {
 				if err != nil || *after != *before {
 					t.Errorf("foreign %s changed: %+v %v, was %+v", dev, after, err, before)
 				}
-				if err := s.Detach(ctx, v.UUID, DetachOptions{}); err != nil {
+				if err := s.Detach(v.UUID, DetachOptions{}); err != nil {
 					t.Errorf("detach with a foreign device = %v, want nil (left alone)", err)
 				}
 				if after, err := loop.Get(dev); err != nil || *after != *before {
@@ -157,7 +157,7 @@ func TestBackingFileRules(t *testing.T) {
 				if st.BackingFile != filepath.Join(s.Root(), v.UUID) {
 					t.Errorf("attached %s, want the store's own file", st.BackingFile)
 				}
-				if err := s.Detach(ctx, v.UUID, DetachOptions{}); err != nil {
+				if err := s.Detach(v.UUID, DetachOptions{}); err != nil {
 					t.Fatal(err)
 				}
 			} else if _, err := os.Lstat(linkPath(v.UUID)); err == nil {
@@ -219,7 +219,7 @@ func TestAdoptRefuses(t *testing.T) {
 		{"another store's volume", func(t *testing.T) string {
 			a := newStore(t, Options{})
 			v := mustCreate(t, a, CreateRequest{Name: "a", SizeBytes: 16 << 20, KeepAttached: true})
-			t.Cleanup(func() { a.Detach(ctx, v.UUID, DetachOptions{}) })
+			t.Cleanup(func() { a.Detach(v.UUID, DetachOptions{}) })
 			return v.BackingFile
 		}},
 		{"another store's detached volume", func(t *testing.T) string {
@@ -289,7 +289,7 @@ func TestUUIDNodeWide(t *testing.T) {
 	if devs := devicesUnder(b.Root()); len(devs) > 0 {
 		t.Errorf("refused attach left %v bound", devs)
 	}
-	if err := b.Detach(ctx, vb.UUID, DetachOptions{}); err != nil {
+	if err := b.Detach(vb.UUID, DetachOptions{}); err != nil {
 		t.Errorf("detach = %v", err)
 	}
 	if err := b.Delete(ctx, vb.UUID, DetachOptions{}); err != nil {

@@ -39,7 +39,7 @@ func TestBrokenMetadataSpoilsNothingElse(t *testing.T) {
 			s := newStore(t, Options{})
 			good := rawVolume(t, s, "good")
 			bad := rawVolume(t, s, "bad")
-			t.Cleanup(func() { s.DetachAll(ctx, DetachOptions{}) })
+			t.Cleanup(func() { s.DetachAll(DetachOptions{}) })
 			if err := os.WriteFile(s.metaPath(bad.UUID), []byte(tt.content), 0o600); err != nil {
 				t.Fatal(err)
 			}
@@ -75,7 +75,7 @@ func TestBrokenMetadataSpoilsNothingElse(t *testing.T) {
 				fn   func() error
 			}{
 				{"attach", func() error { _, err := s.Attach(ctx, bad.UUID); return err }},
-				{"detach", func() error { return s.Detach(ctx, bad.UUID, DetachOptions{}) }},
+				{"detach", func() error { return s.Detach(bad.UUID, DetachOptions{}) }},
 				{"expand", func() error { _, err := s.Expand(ctx, bad.UUID, 2*MiB, ExpandOptions{}); return err }},
 			} {
 				if err := op.fn(); !errors.Is(err, ErrBroken) || !errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), s.metaPath(bad.UUID)) {

@@ -29,10 +29,10 @@ func (s *Store) Delete(ctx context.Context, ref string, opts DetachOptions) erro
 		}
 		return s.disableBroken(ctx, v.UUID)
 	}
-	return s.withUnitDisabled(ctx, v, func() error { return s.delete(ctx, v.UUID, opts) })
+	return s.withUnitDisabled(ctx, v, func() error { return s.delete(v.UUID, opts) })
 }
 
-func (s *Store) delete(ctx context.Context, ref string, opts DetachOptions) error {
+func (s *Store) delete(ref string, opts DetachOptions) error {
 	return s.withVolume(ref, func(v *Volume) error {
 		s.cleanupTempMount(v) // left by an expansion that crashed
 		ids := s.backingIDs(v)

@@ -131,7 +131,7 @@ func (s *Store) fileNotGrown(v *Volume, cause error) error {
 // no partition table or filesystem reaches beyond it. Otherwise it refuses
 // with ErrBusy, changing nothing: the expansion must be finished. With no
 // expansion pending it is ErrInvalid.
-func (s *Store) AbandonExpand(ctx context.Context, ref string) (*Volume, error) {
+func (s *Store) AbandonExpand(ref string) (*Volume, error) {
 	var out *Volume
 	err := s.withVolume(ref, func(v *Volume) error {
 		if v.State != StateReady {

@@ -41,7 +41,7 @@ func TestExpandFailureBeforeAnyChange(t *testing.T) {
 	if sp, err := s.Space(); err != nil || sp.CommittedBytes != MiB {
 		t.Errorf("committed %d (%v) after the failed expansion, want %d", sp.CommittedBytes, err, MiB)
 	}
-	if _, err := s.AbandonExpand(ctx, "v"); !errors.Is(err, ErrInvalid) {
+	if _, err := s.AbandonExpand("v"); !errors.Is(err, ErrInvalid) {
 		t.Errorf("AbandonExpand with nothing pending = %v, want ErrInvalid", err)
 	}
 	if v, err := s.Expand(ctx, "v", 2*MiB, ExpandOptions{}); err != nil || v.SizeBytes != 2*MiB {
@@ -87,7 +87,7 @@ func TestExpandPending(t *testing.T) {
 				t.Fatal(err)
 			}
 			run(t, "sgdisk", "--move-second-header", st.Device)
-			if err := s.Detach(context.Background(), v.UUID, DetachOptions{}); err != nil {
+			if err := s.Detach(v.UUID, DetachOptions{}); err != nil {
 				t.Fatal(err)
 			}
 		}, ErrBusy},
@@ -99,7 +99,7 @@ func TestExpandPending(t *testing.T) {
 			req := tt.req
 			req.Name, req.SizeBytes, req.KeepAttached = "v", 16*MiB, tt.attach
 			v := mustCreate(t, s, req)
-			t.Cleanup(func() { s.DetachAll(ctx, DetachOptions{}) })
+			t.Cleanup(func() { s.DetachAll(DetachOptions{}) })
 			// What Expand leaves when the steps after the file fail.
 			v.ExpandingTo = 32 * MiB
 			if err := s.writeMeta(v); err != nil {
@@ -126,7 +126,7 @@ func TestExpandPending(t *testing.T) {
 			}
 
 			before := listing(t, s.Root())
-			_, err = s.AbandonExpand(ctx, "v")
+			_, err = s.AbandonExpand("v")
 			if !errors.Is(err, tt.wantErr) || (err == nil) != (tt.wantErr == nil) {
 				t.Fatalf("AbandonExpand = %v, want %v", err, tt.wantErr)
 			}

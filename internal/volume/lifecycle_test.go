@@ -136,7 +136,7 @@ func TestCreateEnablesBeforeReady(t *testing.T) {
 			s, f := newManagedStore(t)
 			f.failEnable, f.failStart = tt.failEnable, tt.failStart
 			uuid := NewUUID()
-			t.Cleanup(func() { s.DetachAll(ctx, DetachOptions{}) })
+			t.Cleanup(func() { s.DetachAll(DetachOptions{}) })
 			_, err := s.Create(ctx, CreateRequest{Name: "v", UUID: uuid, SizeBytes: MiB, Mode: ModeBlock, NoPartition: true, KeepAttached: tt.keepAttached})
 			if !errors.Is(err, tt.wantErr) || (err == nil) != (tt.wantErr == nil) {
 				t.Fatalf("Create = %v, want %v", err, tt.wantErr)
@@ -187,7 +187,7 @@ func TestDeleteDisablesUnit(t *testing.T) {
 			ctx := context.Background()
 			s, f := newManagedStore(t)
 			v := mustCreate(t, s, CreateRequest{Name: "v", SizeBytes: MiB, Mode: ModeBlock, NoPartition: true, KeepAttached: true})
-			t.Cleanup(func() { s.DetachAll(ctx, DetachOptions{}); s.Delete(ctx, v.UUID, DetachOptions{}) })
+			t.Cleanup(func() { s.DetachAll(DetachOptions{}); s.Delete(ctx, v.UUID, DetachOptions{}) })
 			st, err := s.Status(v.UUID)
 			if err != nil || !st.Attached {
 				t.Fatalf("status after create: %+v, %v", st, err)
@@ -211,7 +211,7 @@ func TestDeleteDisablesUnit(t *testing.T) {
 				f.onDisable = func(string) { hold() }
 			}
 			if tt.broken {
-				if err := s.Detach(ctx, v.UUID, DetachOptions{}); err != nil {
+				if err := s.Detach(v.UUID, DetachOptions{}); err != nil {
 					t.Fatal(err)
 				}
 				if err := os.WriteFile(s.metaPath(v.UUID), []byte("{"), 0o600); err != nil {
@@ -257,7 +257,7 @@ func TestActivate(t *testing.T) {
 				s.opts.Lifecycle = nil
 			}
 			v := rawVolume(t, s, "v")
-			t.Cleanup(func() { s.DetachAll(ctx, DetachOptions{}) })
+			t.Cleanup(func() { s.DetachAll(DetachOptions{}) })
 			f.calls = nil
 			if err := s.Activate(ctx, []*Volume{v}, tt.start); err != nil {
 				t.Fatal(err)
@@ -280,7 +280,7 @@ func TestAttachEnabled(t *testing.T) {
 	a, b := newStore(t, Options{}), newStore(t, Options{})
 	a1, a2, off := rawVolume(t, a, "a1"), rawVolume(t, a, "a2"), rawVolume(t, a, "off")
 	b1 := rawVolume(t, b, "b1")
-	t.Cleanup(func() { a.DetachAll(ctx, DetachOptions{}); b.DetachAll(ctx, DetachOptions{}) })
+	t.Cleanup(func() { a.DetachAll(DetachOptions{}); b.DetachAll(DetachOptions{}) })
 	gone := NewUUID()
 	nowhere := filepath.Join(t.TempDir(), "no-store")
 	f := &fakeLifecycle{list: []EnabledVolume{

@@ -241,9 +241,6 @@ func (s *Store) removeStaleTemps(names []string) {
 // Root returns the absolute store directory.
 func (s *Store) Root() string { return s.root }
 
-// Options returns the store's effective options.
-func (s *Store) Options() Options { return s.opts }
-
 const (
 	lockDir   = ".locks"
 	metaExt   = ".json"

@@ -135,10 +135,10 @@ func TestLifecycle(t *testing.T) {
 			payload := make([]byte, 1<<20)
 			rand.Read(payload)
 			writeData(t, v, st, payload)
-			if err := s.Detach(ctx, v.Name, DetachOptions{}); err != nil {
+			if err := s.Detach(v.Name, DetachOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			if err := s.Detach(ctx, v.Name, DetachOptions{}); err != nil {
+			if err := s.Detach(v.Name, DetachOptions{}); err != nil {
 				t.Fatalf("second detach: %v", err)
 			}
 			if st, _ := s.Status(v.Name); st.Attached {
@@ -173,7 +173,7 @@ func TestLifecycle(t *testing.T) {
 				if err := s.Delete(ctx, v.Name, DetachOptions{}); !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), dir) {
 					t.Fatalf("Delete of a mounted volume = %v, want ErrBusy naming %s", err, dir)
 				}
-				if err := s.Detach(ctx, v.Name, DetachOptions{}); !errors.Is(err, ErrBusy) {
+				if err := s.Detach(v.Name, DetachOptions{}); !errors.Is(err, ErrBusy) {
 					t.Fatalf("Detach of a mounted volume = %v, want ErrBusy", err)
 				}
 				unix.Unmount(dir, 0)
@@ -356,7 +356,7 @@ func TestAttachAll(t *testing.T) {
 			t.Fatalf("volume %s attached twice: %v", st.Name, st.ExtraDevices)
 		}
 	}
-	if err := s.DetachAll(ctx, DetachOptions{}); err != nil {
+	if err := s.DetachAll(DetachOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"a", "b", "c"} {

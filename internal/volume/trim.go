@@ -65,7 +65,7 @@ func (s *Store) Trim(ctx context.Context, ref string) (*TrimResult, error) {
 	var res *TrimResult
 	err := s.withVolume(ref, func(v *Volume) error {
 		var err error
-		res, err = s.trim(ctx, v)
+		res, err = s.trim(v)
 		return err
 	})
 	return res, err
@@ -87,7 +87,7 @@ func (s *Store) TrimAll(ctx context.Context) ([]*TrimResult, error) {
 			return out, err
 		}
 		err := s.withVolume(lv.UUID, func(v *Volume) error {
-			res, err := s.trim(ctx, v)
+			res, err := s.trim(v)
 			switch {
 			case err == nil:
 				out = append(out, res)
@@ -106,7 +106,7 @@ func (s *Store) TrimAll(ctx context.Context) ([]*TrimResult, error) {
 
 // trim runs under v's lock. It always returns a result, with Skipped set
 // when the error says why nothing was done.
-func (s *Store) trim(ctx context.Context, v *Volume) (*TrimResult, error) {
+func (s *Store) trim(v *Volume) (*TrimResult, error) {
 	res := &TrimResult{Name: v.Name, UUID: v.UUID, Thick: v.Preallocate}
 	res.AllocatedBefore = s.allocated(v.UUID)
 	res.AllocatedAfter = res.AllocatedBefore

@@ -82,7 +82,7 @@ func attachMounted(t *testing.T, s *Store, v *Volume, options string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { s.Detach(context.Background(), v.UUID, DetachOptions{}) })
+	t.Cleanup(func() { s.Detach(v.UUID, DetachOptions{}) })
 	dir := t.TempDir()
 	if err := unix.Mount(st.DataDevice, dir, v.FSType, 0, options); err != nil {
 		t.Fatalf("mount %s -o %q: %v", st.DataDevice, options, err)
@@ -148,7 +148,7 @@ func TestTrimThickStaysAllocated(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { s.Detach(ctx, v.UUID, DetachOptions{}) })
+			t.Cleanup(func() { s.Detach(v.UUID, DetachOptions{}) })
 			dir := t.TempDir()
 			t.Cleanup(func() { unix.Unmount(dir, 0) })
 			// punch frees 64 MiB inside the volume and FITRIMs it as an
@@ -200,7 +200,7 @@ func TestTrimThickStaysAllocated(t *testing.T) {
 
 			// Punched again, then detached and attached: attach fills them.
 			punch()
-			if err := s.Detach(ctx, v.UUID, DetachOptions{}); err != nil {
+			if err := s.Detach(v.UUID, DetachOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := s.Attach(ctx, v.UUID); err != nil {
@@ -221,7 +221,7 @@ func TestTrimRefusals(t *testing.T) {
 	mustCreate(t, s, CreateRequest{Name: "unmounted", SizeBytes: 64 << 20})
 	mustCreate(t, s, CreateRequest{Name: "block", SizeBytes: 8 << 20, Mode: ModeBlock, NoPartition: true})
 	attachMounted(t, s, mounted, "")
-	t.Cleanup(func() { s.DetachAll(ctx, DetachOptions{}) })
+	t.Cleanup(func() { s.DetachAll(DetachOptions{}) })
 
 	tests := []struct {
 		ref     string
@@ -351,7 +351,7 @@ func TestDirectIOFallback(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { s.Detach(ctx, ref, DetachOptions{}) })
+			t.Cleanup(func() { s.Detach(ref, DetachOptions{}) })
 			if !st.DirectIO {
 				t.Fatal("direct I/O was not requested")
 			}
