@@ -130,7 +130,10 @@ func (c *kase) startPlugin(umask string, extra ...string) *plugin {
 			c.t.Fatalf("plugin socket %s did not appear: %s", p.sock, p.stderr.String())
 		}
 	}
-	p.conn, err = grpc.NewClient("unix://"+p.sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// The socket file exists from bind(2), a moment before listen(2):
+	// calls wait for the connection instead of failing Unavailable.
+	p.conn, err = grpc.NewClient("unix://"+p.sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
 	if err != nil {
 		c.t.Fatal(err)
 	}
