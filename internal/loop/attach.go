@@ -7,9 +7,9 @@ import (
 	"os"
 	"sort"
 	"strconv"
-	"sync"
 	"time"
 
+	"github.com/sparsevol/sparsevol/internal/parallel"
 	"golang.org/x/sys/unix"
 )
 
@@ -282,18 +282,15 @@ const DefaultParallel = 8
 
 // AttachMany binds each request's file to its own free loop device, like
 // Attach called once per request, but under one hold of the
-// /dev/loop-control lock and with up to parallel bindings in flight. It
+// /dev/loop-control lock and with up to workers bindings in flight. It
 // picks distinct device numbers up front (unbound devices first, then new
 // numbers it adds), so its workers never race each other for a device; a
 // device that a process outside the lock took in between is retried the
 // one-at-a-time way. Like Attach, it does not look for existing bindings.
-func AttachMany(reqs []AttachRequest, parallel int) []AttachResult {
+func AttachMany(reqs []AttachRequest, workers int) []AttachResult {
 	results := make([]AttachResult, len(reqs))
 	if len(reqs) == 0 {
 		return results
-	}
-	if parallel < 1 {
-		parallel = 1
 	}
 	fail := func(err error) []AttachResult {
 		for i := range results {
@@ -311,22 +308,9 @@ func AttachMany(reqs []AttachRequest, parallel int) []AttachResult {
 		return fail(err)
 	}
 
-	var wg sync.WaitGroup
-	work := make(chan int)
-	for range min(parallel, len(reqs)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range work {
-				results[i] = attachNumber(control, numbers[i], reqs[i])
-			}
-		}()
-	}
-	for i := range reqs {
-		work <- i
-	}
-	close(work)
-	wg.Wait()
+	parallel.For(len(reqs), workers, func(i int) {
+		results[i] = attachNumber(control, numbers[i], reqs[i])
+	})
 
 	// Whatever lost its device to an outsider goes the one-at-a-time way.
 	for i, r := range results {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sparsevol/sparsevol/internal/fsutil"
 	"github.com/sparsevol/sparsevol/internal/loop"
+	"github.com/sparsevol/sparsevol/internal/parallel"
 )
 
 // TagPrefix starts what attach writes into lo_file_name: the tag of a
@@ -360,7 +361,7 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 		idErr error
 	}
 	reads := make([]read, len(locked))
-	parallel(len(locked), publishWorkers, func(i int) {
+	parallel.For(len(locked), publishWorkers, func(i int) {
 		r := &reads[i]
 		r.fd = -1
 		if r.v, r.err = s.readMeta(locked[i].uuid); r.err == nil && r.v.State == StateReady {
@@ -445,7 +446,7 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 	// Our /dev/sparsevol links first, all of them and in parallel (a
 	// thousand symlinks at boot), then one wait for udev's.
 	volErrs := make([]error, len(vols))
-	parallel(len(vols), publishWorkers, func(i int) {
+	parallel.For(len(vols), publishWorkers, func(i int) {
 		volErrs[i] = s.publish(vols[i], attached[vols[i]])
 	})
 	// Wait for udev once for all, not volume by volume, with one deadline.
@@ -459,7 +460,7 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 	}
 	mounts := loop.ReadMountTable() // once for all volumes
 	out := make([]*Status, len(vols))
-	parallel(len(vols), publishWorkers, func(i int) {
+	parallel.For(len(vols), publishWorkers, func(i int) {
 		out[i] = s.status(vols[i], []*loop.Device{attached[vols[i]]}, mounts)
 	})
 	errs = append(errs, volErrs...)

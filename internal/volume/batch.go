@@ -2,7 +2,6 @@ package volume
 
 import (
 	"fmt"
-	"sync"
 
 	"github.com/sparsevol/sparsevol/internal/loop"
 )
@@ -41,24 +40,3 @@ func (s *Store) bindMany(vols []*Volume, fds map[*Volume]int) (map[*Volume]*loop
 // statuses of a batch: filesystem metadata syscalls, CPU-bound in the
 // kernel, so about the number of cores.
 const publishWorkers = 4
-
-// parallel calls fn(0) … fn(n-1) on up to workers goroutines and returns
-// when all are done.
-func parallel(n, workers int, fn func(i int)) {
-	var wg sync.WaitGroup
-	next := make(chan int)
-	for range min(workers, n) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				fn(i)
-			}
-		}()
-	}
-	for i := range n {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-}
