@@ -1,5 +1,7 @@
-// Package cli is the sparsevol command line: flag parsing, output and exit
-// codes over internal/volume and internal/systemd. It holds no volume logic.
+// Package cli is the sparsevol command line: flags, output and exit codes.
+// Volume commands call internal/volume, handing it systemd.Manager as the
+// store's Lifecycle where systemd runs; `sparsevol csi` hands its flags to
+// csi.Run. It holds no volume logic.
 package cli
 
 import (

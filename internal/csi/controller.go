@@ -44,20 +44,17 @@ type spec struct {
 	limit    int64
 }
 
+// ControllerGetCapabilities advertises the controller RPCs implemented.
 func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
-	var caps []*csi.ControllerServiceCapability
-	for _, t := range []csi.ControllerServiceCapability_RPC_Type{
+	return &csi.ControllerGetCapabilitiesResponse{Capabilities: capabilities([]csi.ControllerServiceCapability_RPC_Type{
 		csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
 		csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
 		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
 		csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
 		csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
-	} {
-		caps = append(caps, &csi.ControllerServiceCapability{
-			Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}},
-		})
-	}
-	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
+	}, func(t csi.ControllerServiceCapability_RPC_Type) *csi.ControllerServiceCapability {
+		return &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}}}
+	})}, nil
 }
 
 // parseRequest maps the capabilities, parameters and capacity of a
@@ -232,7 +229,8 @@ func checkCapability(v *volume.Volume, c *csi.VolumeCapability) error {
 	return nil
 }
 
-// compatible reports why an existing volume does not satisfy s ("" if it does).
+// incompatibility says why an existing volume does not satisfy s ("" if
+// it does).
 func (s *spec) incompatibility(v *volume.Volume) string {
 	switch {
 	case v.Mode != s.req.Mode:

@@ -1,7 +1,9 @@
 // Package csi serves the Container Storage Interface (Identity, Controller
-// and Node) over the volume store of one node. Every request is mapped onto
-// internal/volume; this package holds no loop-device, mkfs or locking logic
-// of its own. Store errors become gRPC status codes here and only here.
+// and Node) over the volume store of one node (Run wires the plugin
+// process). Every volume operation is mapped onto internal/volume; what is
+// CSI's own is here: the request checks (one preamble per node RPC, the
+// kubelet path rule), the in-flight guard, mounting staged and published
+// paths, and the mapping of store errors to gRPC codes, here and only here.
 package csi
 
 import (

@@ -17,16 +17,26 @@ func (d *Driver) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi
 // GetPluginCapabilities advertises the controller service, topology and
 // online expansion.
 func (d *Driver) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
-	service := func(t csi.PluginCapability_Service_Type) *csi.PluginCapability {
+	services := capabilities([]csi.PluginCapability_Service_Type{
+		csi.PluginCapability_Service_CONTROLLER_SERVICE,
+		csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS,
+	}, func(t csi.PluginCapability_Service_Type) *csi.PluginCapability {
 		return &csi.PluginCapability{Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: t}}}
+	})
+	expansion := &csi.PluginCapability{Type: &csi.PluginCapability_VolumeExpansion_{VolumeExpansion: &csi.PluginCapability_VolumeExpansion{
+		Type: csi.PluginCapability_VolumeExpansion_ONLINE,
+	}}}
+	return &csi.GetPluginCapabilitiesResponse{Capabilities: append(services, expansion)}, nil
+}
+
+// capabilities builds a capability list from the types it advertises:
+// the one way the driver's capability lists are made.
+func capabilities[T, C any](types []T, build func(T) C) []C {
+	out := make([]C, len(types))
+	for i, t := range types {
+		out[i] = build(t)
 	}
-	return &csi.GetPluginCapabilitiesResponse{Capabilities: []*csi.PluginCapability{
-		service(csi.PluginCapability_Service_CONTROLLER_SERVICE),
-		service(csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS),
-		{Type: &csi.PluginCapability_VolumeExpansion_{VolumeExpansion: &csi.PluginCapability_VolumeExpansion{
-			Type: csi.PluginCapability_VolumeExpansion_ONLINE,
-		}}},
-	}}, nil
+	return out
 }
 
 // Probe checks what every operation needs: a readable, writable store

@@ -228,9 +228,9 @@ func (s *Store) reserve(req CreateRequest) (*Volume, error) {
 	return v, nil
 }
 
-// blockSizeFor picks the loop device's logical block size: the direct I/O
-// alignment of the store's filesystem, so direct I/O needs no bounce
-// buffers, and 512 where that is unknown. It is fixed at create time
+// blockSizeFor returns the direct I/O alignment of dir's filesystem (512
+// where it is unknown): a loop block size that needs no bounce buffers.
+// blockSizeForMode chooses from it; the choice is fixed at create time,
 // because partition tables and XFS record the sector size.
 //
 // Filesystems report the alignment for regular files only, so it is asked

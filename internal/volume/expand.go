@@ -227,9 +227,10 @@ func shrinkBacking(fd int, size int64) error {
 	return nil
 }
 
-// GrowFilesystem brings an attached volume's device, partition and
-// filesystem up to the size of its backing file (the node half of a CSI
-// expansion). mountPath, if not empty, is where the filesystem is mounted.
+// GrowFilesystem brings the volume's device, partition and filesystem up to
+// the size of its backing file (the node half of a CSI expansion): online
+// where the filesystem is mounted, else through a device of its own that it
+// detaches again.
 func (s *Store) GrowFilesystem(ctx context.Context, ref string) error {
 	return s.withVolume(ref, func(v *Volume) error {
 		return s.growDevice(ctx, v, false)
