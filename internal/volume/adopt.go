@@ -225,7 +225,7 @@ func (s *Store) checkCandidate(ctx context.Context, c *candidate) (*Volume, erro
 	if !ValidUUID(v.UUID) {
 		return nil, fmt.Errorf("%s: on-disk UUID %q is not a UUID: %w", c.path, v.UUID, ErrInvalid)
 	}
-	if ValidateName(v.Name) != nil || ValidUUID(v.Name) {
+	if ValidateName(v.Name) != nil {
 		v.Name = adoptedName(v.UUID)
 	}
 	v.BackingFile = s.backingPath(v.UUID)

@@ -54,7 +54,7 @@ func (s *Store) CheckFilesystem(ctx context.Context, v *Volume, device string) e
 	if found.Type == v.FSType && found.UUID == v.UUID {
 		return nil
 	}
-	return fmt.Errorf("volume %s: %s holds %s, not the volume's %s with UUID %s (inspect it with `blkid -p %s`%s; it is never formatted again): %w",
+	return fmt.Errorf("volume %s: %s holds %s, not the volume's %s with UUID %s (inspect it with `blkid -p %s`%s; only create formats a volume): %w",
 		v.Name, device, found, v.FSType, v.UUID, device, fsckHint(v.FSType, device), ErrMismatch)
 }
 
