@@ -99,14 +99,6 @@ func lockControl() (int, error) {
 	return fd, nil
 }
 
-func attachFree(control int, backing int, want FileID, opts AttachOptions) (*Device, error) {
-	n, err := unix.IoctlRetInt(control, unix.LOOP_CTL_GET_FREE)
-	if err != nil {
-		return nil, fmt.Errorf("LOOP_CTL_GET_FREE: %w", err)
-	}
-	return bindNumber(n, backing, want, opts)
-}
-
 // bindNumber binds backing to /dev/loopN, which the caller believes free,
 // and verifies the result; EBUSY means someone else bound it first.
 func bindNumber(n int, backing int, want FileID, opts AttachOptions) (*Device, error) {
@@ -459,7 +451,11 @@ func attachOne(control int, req AttachRequest) AttachResult {
 		return AttachResult{Err: fmt.Errorf("attach: %w", err)}
 	}
 	for attempt := 0; ; attempt++ {
-		dev, err := attachFree(control, req.FD, want, req.Options)
+		n, err := unix.IoctlRetInt(control, unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return AttachResult{Err: fmt.Errorf("attach: LOOP_CTL_GET_FREE: %w", err)}
+		}
+		dev, err := bindNumber(n, req.FD, want, req.Options)
 		if err == nil {
 			return AttachResult{Device: dev}
 		}
