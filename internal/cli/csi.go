@@ -39,7 +39,9 @@ func newCSICommand(g *globals) *cobra.Command {
 		maxVolumes                                           int64
 	)
 	cmd := &cobra.Command{
-		Use:   "csi --endpoint unix:///csi/csi.sock --node-id NODE",
+		Use: "csi --endpoint unix:///csi/csi.sock --node-id NODE",
+		Example: `  sparsevol csi --endpoint unix:///csi/csi.sock --node-id "$NODE_NAME" \
+      --kubelet-registration-path /var/lib/kubelet/plugins_registry/ --metrics-address :9808`,
 		Short: "Serve the CSI plugin (Identity, Controller and Node) for this node",
 		Long: `Serve the Container Storage Interface on a unix socket: volumes of the store
 (--root) are created, staged and published for Kubernetes. Run one per node,

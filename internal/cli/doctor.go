@@ -25,7 +25,9 @@ type finding struct {
 
 func newUnitsCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "units install|uninstall",
+		Use: "units install|uninstall",
+		Example: `  sparsevol units install
+  sparsevol units uninstall`,
 		Short: "Install or remove the sparsevol@.service template, the boot units and the generator",
 	}
 	cmd.AddCommand(&cobra.Command{
@@ -89,7 +91,9 @@ func newUnitsCommand(g *globals) *cobra.Command {
 
 func newDoctorCommand(g *globals) *cobra.Command {
 	return &cobra.Command{
-		Use:   "doctor",
+		Use: "doctor",
+		Example: `  sparsevol doctor
+  sparsevol --root /srv/sparsevol doctor`,
 		Short: "Check the node: loop and partition support, udev, systemd, store, space, orphans",
 		Args:  exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {

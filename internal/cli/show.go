@@ -33,7 +33,9 @@ func checkOutput(out string) error {
 func newListCommand(g *globals) *cobra.Command {
 	var out string
 	cmd := &cobra.Command{
-		Use:   "list",
+		Use: "list",
+		Example: `  sparsevol list
+  sparsevol list -o json | jq '.[] | select(.state != "ready")'`,
 		Short: "List the store's volumes with their devices and allocation",
 		Args:  exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -81,7 +83,9 @@ func newListCommand(g *globals) *cobra.Command {
 func newStatusCommand(g *globals) *cobra.Command {
 	var out string
 	cmd := &cobra.Command{
-		Use:   "status VOLUME",
+		Use: "status VOLUME",
+		Example: `  sparsevol status data
+  sparsevol status 6f1c3a52-2f9e-4d7b-9a51-0c7f2d3e4b5a -o json`,
 		Short: "Show one volume: metadata, device, stable path, allocation",
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -184,8 +188,9 @@ func writeJSON(w io.Writer, v any) error {
 func newPVCommand(g *globals) *cobra.Command {
 	var storageClass, node, name string
 	cmd := &cobra.Command{
-		Use:   "pv VOLUME [--storage-class SC] [--node NODE]",
-		Short: "Print a local PersistentVolume for a volume (node mode, static PVs)",
+		Use:     "pv VOLUME [--storage-class SC] [--node NODE]",
+		Example: `  sparsevol pv data --storage-class local > data-pv.yaml && kubectl apply -f data-pv.yaml`,
+		Short:   "Print a local PersistentVolume for a volume (node mode, static PVs)",
 		Long: `Print a 'local' PersistentVolume whose path is the volume's stable path
 (/dev/disk/by-uuid/<uuid>, /dev/disk/by-partuuid/<uuid>, or /dev/sparsevol/<uuid>
 for whole raw volumes), pinned to this node with nodeAffinity.`,

@@ -14,7 +14,9 @@ func newTrimCommand(g *globals) *cobra.Command {
 	var all bool
 	var out string
 	cmd := &cobra.Command{
-		Use:   "trim VOLUME...|--all",
+		Use: "trim VOLUME...|--all",
+		Example: `  sparsevol trim data
+  sparsevol trim --all -o json`,
 		Short: "Give the free space of mounted volumes back to the store (FITRIM)",
 		Long: `Run FITRIM on each mounted filesystem volume: the filesystem discards its
 free blocks and the loop device punches them out of the sparse backing file.

@@ -22,7 +22,11 @@ func newCreateCommand(g *globals) *cobra.Command {
 		directIO             bool
 	)
 	cmd := &cobra.Command{
-		Use:   "create NAME --size SIZE",
+		Use: "create NAME --size SIZE",
+		Example: `  sparsevol create data --size 10G
+  sparsevol create pg --size 20G --fs xfs --mkfs-option "-m reflink=1"
+  sparsevol create raw --size 5G --mode block
+  sparsevol create scratch --size 10G --mode block --no-partition --preallocate`,
 		Short: "Create a volume, enable its unit and attach it",
 		Long: `Create a sparse volume: the backing file, then ext4 or XFS whose UUID is the
 volume UUID (filesystem mode), or a GPT whose single partition GUID is the
@@ -79,7 +83,9 @@ elsewhere the volume is attached directly. Prints the UUID.`,
 func newAttachCommand(g *globals) *cobra.Command {
 	var all, boot bool
 	cmd := &cobra.Command{
-		Use:   "attach VOLUME...|--all",
+		Use: "attach VOLUME...|--all",
+		Example: `  sparsevol attach data
+  sparsevol attach --all`,
 		Short: "Attach volumes to loop devices (idempotent)",
 		Long: `Attach each volume's backing file to a loop device, unless one is attached
 already. Where udev runs, returns once the stable /dev/disk link exists.
@@ -199,7 +205,9 @@ func newExpandCommand(g *globals) *cobra.Command {
 	var size string
 	var abandon bool
 	cmd := &cobra.Command{
-		Use:   "expand VOLUME --size SIZE | --abandon",
+		Use: "expand VOLUME --size SIZE | --abandon",
+		Example: `  sparsevol expand data --size 20G
+  sparsevol expand data --abandon     # give up an expansion that did not finish`,
 		Short: "Grow a volume: file, loop device, partition, filesystem",
 		Long: `Grow a volume: its backing file, the loop device, the partition, the
 filesystem. If a step after the first fails, the expansion stays pending
@@ -243,7 +251,9 @@ func newAdoptCommand(g *globals) *cobra.Command {
 	var dir string
 	var noStart bool
 	cmd := &cobra.Command{
-		Use:   "adopt PATH... | --dir DIR",
+		Use: "adopt PATH... | --dir DIR",
+		Example: `  sparsevol adopt /var/lib/sparsevol-old/6f1c3a52-2f9e-4d7b-9a51-0c7f2d3e4b5a
+  sparsevol --root /var/lib/metalk8s/storage/sparse adopt --dir /var/lib/metalk8s/storage/sparse`,
 		Short: "Register existing sparse files and enable their units",
 		Long: `Register sparse files made by an earlier install (for example
 /var/lib/metalk8s/storage/sparse/<uuid>) without rewriting them: each is
