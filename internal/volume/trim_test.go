@@ -122,8 +122,18 @@ func TestTrimReclaims(t *testing.T) {
 			if after := allocated(t, v.BackingFile); res.AllocatedBefore != full || abs(res.AllocatedAfter-after) > MiB {
 				t.Errorf("result before/after %d/%d, measured %d/%d", res.AllocatedBefore, res.AllocatedAfter, full, after)
 			}
-			if res.ReclaimedBytes() < written*MiB*9/10 {
-				t.Errorf("reclaimed %d bytes of %d MiB deleted", res.ReclaimedBytes(), written)
+			// XFS frees a deleted file's extents in a background worker; on
+			// a loaded machine a trim right after the delete can come before
+			// it. A later trim gets the rest: what counts is that trims give
+			// the space back.
+			for try := 0; full-res.AllocatedAfter < written*MiB*9/10 && try < 10; try++ {
+				time.Sleep(100 * time.Millisecond)
+				if res, err = s.Trim(ctx, v.Name); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if reclaimed := full - res.AllocatedAfter; reclaimed < written*MiB*9/10 {
+				t.Errorf("reclaimed %d bytes of %d MiB deleted", reclaimed, written)
 			}
 			if res.AllocatedAfter > fresh+fresh/20+MiB {
 				t.Errorf("after trim the file holds %d bytes, the fresh filesystem held %d", res.AllocatedAfter, fresh)
