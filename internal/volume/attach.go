@@ -87,33 +87,50 @@ func plural(n int, one, many string) string {
 	return many
 }
 
-// attachDevice returns v's loop device, binding one if there is none. The
-// caller holds v's lock, which is what makes concurrent attaches of the
-// same volume end with one device. A backing file that breaks the rules,
-// or that someone else bound, is refused with ErrUnsafe.
-func (s *Store) attachDevice(v *Volume) (*loop.Device, error) {
-	fd, id, err := s.openBacking(v.UUID, unix.O_RDWR)
+// openOwned opens v's backing file read-write (openBacking's rules) and
+// finds v's own devices on it, refusing with ErrUnsafe while a device
+// someone else bound holds it: what every operation that binds, resizes
+// or grows a volume proves first. op names the operation in errors. The
+// caller holds v's lock and closes fd.
+func (s *Store) openOwned(v *Volume, op string) (fd int, id loop.FileID, ours []*loop.Device, err error) {
+	fd, id, err = s.openBacking(v.UUID, unix.O_RDWR)
 	if err != nil {
-		return nil, fmt.Errorf("attach %s: %w", v.Name, err)
+		return -1, id, nil, fmt.Errorf("%s %s: %w", op, v.Name, err)
 	}
-	defer unix.Close(fd)
 	bound, err := loop.Bound(id)
 	if err != nil {
-		return nil, fmt.Errorf("attach %s: %w", v.Name, err)
+		unix.Close(fd)
+		return -1, id, nil, fmt.Errorf("%s %s: %w", op, v.Name, err)
 	}
 	ours, foreign := devicesOf(v, []loop.FileID{id}, bound)
 	if len(foreign) > 0 {
-		return nil, foreignError("attach", v, foreign)
+		unix.Close(fd)
+		return -1, id, nil, foreignError(op, v, foreign)
 	}
+	return fd, id, ours, nil
+}
+
+// attachDevice returns v's loop device, binding one if there is none;
+// fresh says it bound it. The caller holds v's lock, which is what makes
+// concurrent attaches of the same volume end with one device. A backing
+// file that breaks the rules, or that someone else bound, is refused with
+// ErrUnsafe.
+func (s *Store) attachDevice(v *Volume) (dev *loop.Device, fresh bool, err error) {
+	fd, id, ours, err := s.openOwned(v, "attach")
+	if err != nil {
+		return nil, false, err
+	}
+	defer unix.Close(fd)
 	for _, d := range ours {
 		if dev, err := s.keep(v, d); dev != nil || err != nil {
-			return dev, err
+			return dev, false, err
 		}
 	}
 	if err := linkTaken(v, id); err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return s.bind(v, fd)
+	dev, err = s.bind(v, fd)
+	return dev, err == nil, err
 }
 
 // linkTaken refuses to attach v (backing file id) while its node-wide
@@ -270,7 +287,7 @@ func dataDevice(v *Volume, dev *loop.Device) (string, error) {
 func (s *Store) Attach(ctx context.Context, ref string) (*Status, error) {
 	var st *Status
 	err := s.withVolume(ref, func(v *Volume) error {
-		dev, err := s.attachLocked(ctx, v)
+		dev, _, err := s.attachLocked(ctx, v)
 		if err == nil {
 			st = s.status(v, []*loop.Device{dev}, nil)
 		}
@@ -281,23 +298,24 @@ func (s *Store) Attach(ctx context.Context, ref string) (*Status, error) {
 
 // attachLocked is Attach for a caller holding v's lock: the device, the
 // backing file's identity recorded, the links published.
-func (s *Store) attachLocked(ctx context.Context, v *Volume) (*loop.Device, error) {
+// fresh says this call bound the device.
+func (s *Store) attachLocked(ctx context.Context, v *Volume) (dev *loop.Device, fresh bool, err error) {
 	if v.State != StateReady {
-		return nil, fmt.Errorf("attach %s: state %s: %w (rerun create, or delete it)", v.Name, v.State, ErrNotReady)
+		return nil, false, fmt.Errorf("attach %s: state %s: %w (rerun create, or delete it)", v.Name, v.State, ErrNotReady)
 	}
-	dev, err := s.attachDevice(v)
+	dev, fresh, err = s.attachDevice(v)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if v.noteBackingID(dev.Backing) {
 		if err := s.writeMeta(v); err != nil {
-			return nil, err
+			return nil, fresh, err
 		}
 	}
 	if err := s.finishAttach(ctx, v, dev); err != nil {
-		return nil, err
+		return nil, fresh, err
 	}
-	return dev, nil
+	return dev, fresh, nil
 }
 
 // AttachAll attaches every ready volume of the store; see AttachMany.
@@ -685,18 +703,35 @@ var ErrDeferred = loop.ErrDeferred
 // WithDevice attaches the volume if needed and runs fn under the volume's
 // lock with its device held open and proven to be the volume's: a device
 // number cannot be detached and rebound to another file while fn formats
-// or mounts it by path.
+// or mounts it by path. If fn fails on a device this call attached, the
+// device is detached again: a refused operation leaves nothing behind.
 func (s *Store) WithDevice(ctx context.Context, ref string, fn func(st *Status) error) error {
 	return s.withVolume(ref, func(v *Volume) error {
-		dev, err := s.attachLocked(ctx, v)
+		dev, fresh, err := s.attachLocked(ctx, v)
 		if err != nil {
+			if fresh {
+				s.undoAttach(v)
+			}
 			return err
 		}
 		held, err := loop.Hold(dev.Path, v.owner(dev.Backing))
 		if err != nil {
 			return fmt.Errorf("attach %s: %w", v.Name, err)
 		}
-		defer held.Close()
-		return fn(s.status(v, []*loop.Device{dev}, nil))
+		err = fn(s.status(v, []*loop.Device{dev}, nil))
+		held.Close()
+		if err != nil && fresh {
+			s.undoAttach(v)
+		}
+		return err
 	})
+}
+
+// undoAttach detaches the device a failed operation attached (the caller
+// holds v's lock); a failure is logged, the operation's error is what
+// the caller reports.
+func (s *Store) undoAttach(v *Volume) {
+	if err := s.detachDevices(v, nil, DetachOptions{}); err != nil {
+		s.log.Warn("detach after a failed operation", "volume", v.Name, "error", err)
+	}
 }

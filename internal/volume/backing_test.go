@@ -86,7 +86,7 @@ func TestBackingFileRules(t *testing.T) {
 				t.Fatal(err)
 			}
 			return func(t *testing.T) {}
-		}, ErrUnsafe, nil, true},
+		}, ErrUnsafe, ErrUnsafe, false},
 		{"second link", func(t *testing.T, s *Store, v *Volume, vi *victim) func(t *testing.T) {
 			other := filepath.Join(t.TempDir(), "other")
 			if err := os.Link(v.BackingFile, other); err != nil {

@@ -274,7 +274,7 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) (err er
 		return fmt.Errorf("%s: %w", v.BackingFile, err)
 	}
 	crashPoint("create:file")
-	dev, err := s.attachDevice(v)
+	dev, _, err := s.attachDevice(v)
 	if err != nil {
 		return err
 	}

@@ -195,6 +195,14 @@ func TestFailedCreateLeavesUnsafeFilesAlone(t *testing.T) {
 	if got, err := s.Get(v.UUID); err != nil || got.State != StateCreating {
 		t.Errorf("volume after the refusal: %+v, %v; want it still creating", got, err)
 	}
+	// delete refuses too, until the operator removed what is not the
+	// volume's.
+	if err := s.Delete(context.Background(), v.UUID, DetachOptions{}); !errors.Is(err, ErrUnsafe) {
+		t.Fatalf("Delete with a symlinked backing file = %v, want ErrUnsafe", err)
+	}
+	if err := os.Remove(s.backingPath(v.UUID)); err != nil {
+		t.Fatal(err)
+	}
 	if err := s.Delete(context.Background(), v.UUID, DetachOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -47,8 +47,11 @@ func (s *Store) delete(ref string, opts DetachOptions) error {
 		if err := busy(ours); err != nil {
 			return fmt.Errorf("delete %s: %w", v.Name, err)
 		}
-		if st, err := s.statBacking(v.UUID); errors.Is(err, ErrUnsafe) && st.Nlink > 1 {
-			return fmt.Errorf("delete %s: %w", v.Name, err)
+		// A symlink, a second link or anything else that is not provably
+		// the volume's file: its data may live on elsewhere, and what to
+		// do with it is the operator's call.
+		if _, err := s.statBacking(v.UUID); errors.Is(err, ErrUnsafe) {
+			return fmt.Errorf("delete %s: %w (remove it yourself once you know what it is, then delete again)", v.Name, err)
 		}
 		if !opts.Force {
 			if err := s.orphaned(v, ours); err != nil {

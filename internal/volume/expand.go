@@ -42,6 +42,13 @@ func (s *Store) Expand(ctx context.Context, ref string, newSize int64, opts Expa
 		if v.State != StateReady {
 			return fmt.Errorf("expand %s: state %s: %w", v.Name, v.State, ErrNotReady)
 		}
+		// Prove the file and its devices the volume's before anything is
+		// recorded or grown: a refused expand changes nothing.
+		fd, _, _, err := s.openOwned(v, "expand")
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
 		switch {
 		case v.ExpandingTo != 0 && newSize == v.ExpandingTo:
 			// Resume an interrupted expansion.
@@ -80,12 +87,7 @@ func (s *Store) Expand(ctx context.Context, ref string, newSize int64, opts Expa
 		}
 		crashPoint("expand:recorded")
 		target := max(newSize, v.SizeBytes)
-		fd, _, err := s.openBacking(v.UUID, unix.O_RDWR)
-		if err != nil {
-			return fmt.Errorf("expand %s: %w", v.Name, err)
-		}
 		err = sizeBacking(fd, target, v.Preallocate)
-		unix.Close(fd)
 		if err != nil {
 			return s.fileNotGrown(v, fmt.Errorf("expand %s: %w", v.Name, err))
 		}
@@ -244,19 +246,11 @@ func (s *Store) growDevice(ctx context.Context, v *Volume, fileOnly bool) error 
 	// A crashed offline expansion may have left its temporary mount; it
 	// must not pass for a user's mount below.
 	s.cleanupTempMount(v)
-	fd, id, err := s.openBacking(v.UUID, unix.O_RDWR)
+	fd, id, devs, err := s.openOwned(v, "expand")
 	if err != nil {
-		return fmt.Errorf("expand %s: %w", v.Name, err)
+		return err
 	}
 	defer unix.Close(fd)
-	bound, err := loop.Bound(id)
-	if err != nil {
-		return fmt.Errorf("expand %s: %w", v.Name, err)
-	}
-	devs, foreign := devicesOf(v, []loop.FileID{id}, bound)
-	if len(foreign) > 0 {
-		return foreignError("expand", v, foreign)
-	}
 	owner := v.owner(id)
 	for _, d := range devs {
 		if err := loop.SetCapacity(d.Path, owner); err != nil {

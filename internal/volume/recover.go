@@ -63,7 +63,7 @@ func (s *Store) Recover(ctx context.Context, ref string, opts RecoverOptions) (*
 		}
 		s.unpublish(v, ours)
 		s.log.Info("volume recovered", "volume", v.Name, "uuid", v.UUID, "from", dev.Path)
-		attached, err := s.attachLocked(ctx, v)
+		attached, _, err := s.attachLocked(ctx, v)
 		if err != nil {
 			return err
 		}
