@@ -7,12 +7,13 @@ package vm
 
 import (
 	"fmt"
-	"os"
 	"regexp"
 	"sort"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sparsevol/sparsevol/test/e2e/vmrun"
 )
 
 const (
@@ -32,75 +33,90 @@ const (
 //	    -> systemctl reboot; the host creates the 100 volumes offline
 //	    (see provisionScale)
 //	b5  check 7 -> poweroff
-func plan(cfg config) []bootSpec {
+type planStep struct {
+	vmrun.Step
+	scenario string // space-separated scenarios the step serves; "" for all
+}
+
+type planBoot struct {
+	spec vmrun.BootSpec
+	// after runs on the host once the boot ended, before the next one.
+	after func(t *testing.T, r *run)
+}
+
+func plan(cfg config) []planBoot {
 	const (
 		short = 300 * time.Second
 		long  = 1800 * time.Second
 	)
-	collect := stepSpec{"collect", "", 120 * time.Second}
-	all := []bootSpec{
-		{name: "b1-first", steps: []stepSpec{collect,
-			{"s1-setup", "1", short},
+	collect := planStep{vmrun.Step{Name: "collect", Timeout: 120 * time.Second}, ""}
+	step := func(name, scenario string, limit time.Duration) planStep {
+		return planStep{vmrun.Step{Name: name, Timeout: limit}, scenario}
+	}
+	all := []struct {
+		name  string
+		steps []planStep
+		after func(t *testing.T, r *run)
+	}{
+		{name: "b1-first", steps: []planStep{collect,
+			step("s1-setup", "1", short),
 		}},
-		{name: "b2-baseline", steps: []stepSpec{collect,
-			{"baseline", "7", short},
-			{"s1-check", "1", short},
-			{"s2-setup", "2 5", short},
-			{"s4-setup", "4", short},
-			{"s6-setup", "6", short},
+		{name: "b2-baseline", steps: []planStep{collect,
+			step("baseline", "7", short),
+			step("s1-check", "1", short),
+			step("s2-setup", "2 5", short),
+			step("s4-setup", "4", short),
+			step("s6-setup", "6", short),
 		}},
-		{name: "b3-after-clean-reboot", steps: []stepSpec{collect,
-			{"s2-check", "2 5", short},
-			{"s4-check", "4", short},
-			{"s6-check", "6", short},
-			{"s5-stop-delete", "5", short},
-			{"s3-setup", "3", short},
+		{name: "b3-after-clean-reboot", steps: []planStep{collect,
+			step("s2-check", "2 5", short),
+			step("s4-check", "4", short),
+			step("s6-check", "6", short),
+			step("s5-stop-delete", "5", short),
+			step("s3-setup", "3", short),
 		}},
-		{name: "b4-after-hard-reset", steps: []stepSpec{collect,
-			{"s3-check", "3", short},
-			{"s5-check-gone", "5", short},
-			{"s7-clear", "7", short},
-			{"s7-create", "7", long}, // only with SPARSEVOL_E2E_SCALE_IN_GUEST
+		{name: "b4-after-hard-reset", steps: []planStep{collect,
+			step("s3-check", "3", short),
+			step("s5-check-gone", "5", short),
+			step("s7-clear", "7", short),
+			step("s7-create", "7", long), // only with SPARSEVOL_E2E_SCALE_IN_GUEST
 		}, after: func(t *testing.T, r *run) {
 			if r.cfg.scaleGuest || !r.cfg.wants("7") {
 				return
 			}
 			r.scale, r.scaleErr = r.provisionScale(t)
 			if r.scale != nil {
-				logf(t, "scale: %d volumes created offline on the host in %s", len(r.scale.names), r.scale.created.Round(100*time.Millisecond))
+				vmrun.Logf(t, "scale: %d volumes created offline on the host in %s", len(r.scale.names), r.scale.created.Round(100*time.Millisecond))
 			}
 		}},
-		{name: "b5-scale", steps: []stepSpec{collect,
-			{"s7-check", "7", short},
+		{name: "b5-scale", steps: []planStep{collect,
+			step("s7-check", "7", short),
 		}},
 	}
-	var boots []bootSpec
+	env := map[string]string{"S7_COUNT": fmt.Sprint(cfg.scaleCount), "S7_SIZE": cfg.scaleSize}
+	var boots []planBoot
 	for _, b := range all {
-		var steps []stepSpec
+		var steps []vmrun.Step
 		selected := false
+		next := vmrun.Reboot
 		for _, s := range b.steps {
-			if s.name == "s7-create" && !cfg.scaleGuest {
+			if s.Name == "s7-create" && !cfg.scaleGuest {
 				continue
 			}
 			if s.scenario == "" || cfg.wantsAny(s.scenario) {
-				steps = append(steps, s)
+				steps = append(steps, s.Step)
 				selected = selected || s.scenario != ""
+				if s.Name == "s3-setup" {
+					next = vmrun.Kill
+				}
 			}
 		}
-		if !selected {
-			continue
+		if selected {
+			boots = append(boots, planBoot{vmrun.BootSpec{Name: b.name, Steps: steps, Next: next, Env: env}, b.after})
 		}
-		b.steps = steps
-		b.next = "reboot"
-		for _, s := range steps {
-			if s.name == "s3-setup" {
-				b.next = "kill"
-			}
-		}
-		boots = append(boots, b)
 	}
 	if len(boots) > 0 {
-		boots[len(boots)-1].next = "poweroff"
+		boots[len(boots)-1].spec.Next = vmrun.Poweroff
 	}
 	return boots
 }
@@ -118,11 +134,11 @@ func (c config) wantsAny(scenarios string) bool {
 }
 
 func TestReboot(t *testing.T) {
-	requireHost(t)
+	vmrun.RequireHost(t)
 	total := time.Now()
 	cfg := loadConfig(t)
-	img := buildImage(t, cfg)
-	pruneCache(t, cfg, img.Dir)
+	vcfg := vmrun.LoadConfig(t, 1024)
+	img := vmrun.BaseImage(t, vcfg)
 
 	// Scenario 1 alone needs nothing of sparsevol; everything else needs it
 	// installed in the image.
@@ -130,23 +146,15 @@ func TestReboot(t *testing.T) {
 	for _, s := range []string{"2", "3", "4", "5", "6", "7"} {
 		install = install || cfg.wants(s)
 	}
-	r := newRun(t, cfg, img, install)
-	passed := false
-	defer func() {
-		if passed && !cfg.keep && cfg.work == "" {
-			os.RemoveAll(r.dir)
-		} else {
-			logf(t, "run directory kept: %s (consoles, guest logs and facts under share/out/)", r.dir)
-		}
-	}()
+	r := &run{Run: vmrun.NewRun(t, vcfg, img, suite(install)), cfg: cfg, results: map[string]*bootView{}}
+	defer r.Close(t)
 
-	for _, spec := range plan(cfg) {
-		res := r.boot(t, spec)
-		if res.err != nil {
+	for _, b := range plan(cfg) {
+		if res := r.boot(t, b.spec); res.Err != nil {
 			break
 		}
-		if spec.after != nil {
-			spec.after(t, r)
+		if b.after != nil {
+			b.after(t, r)
 		}
 	}
 
@@ -169,30 +177,28 @@ func TestReboot(t *testing.T) {
 		t.Run(s.name, func(t *testing.T) { s.check(t, r) })
 	}
 	r.printFigures(t, img, time.Since(total))
-	passed = !t.Failed()
 }
 
-// boot returns the named boot's result, failing t when that boot did not
+// need returns the named boot's result, failing t when that boot did not
 // complete.
-func (r *run) need(t *testing.T, name string) *bootResult {
+func (r *run) need(t *testing.T, name string) *bootView {
 	t.Helper()
-	b, ok := r.results[name]
-	if !ok {
-		t.Fatalf("boot %s did not run (an earlier boot failed)", name)
+	b := r.results[name]
+	if b == nil {
+		vmrun.Need(t, nil, name)
+		t.FailNow()
 	}
-	if b.err != nil {
-		t.Fatalf("boot %s failed: %v\nlast console lines (%s):\n%s", name, b.err, b.console, tailFile(b.console, 40))
+	if !vmrun.Need(t, b.Result, name) {
+		t.FailNow()
 	}
 	return b
 }
 
-// needStep fails t when a setup step did not complete.
-func needStep(t *testing.T, b *bootResult, step string) {
+// needStep fails t when a step did not run to its end or recorded a
+// failure.
+func needStep(t *testing.T, b *bootView, step string) {
 	t.Helper()
-	if rc := b.stepExit(step); rc != 0 {
-		t.Errorf("boot %s: step %s exited %d; its log (%s):\n%s", b.spec.name, step, rc,
-			b.outDir+"/"+step+".log", b.stepLog(step, 40))
-	}
+	vmrun.NeedStep(t, b.Result, step)
 }
 
 // linkOf is the path Kubernetes is given for a volume of this kind, the one
@@ -213,27 +219,27 @@ var partitionTarget = regexp.MustCompile(`(^|/)loop[0-9]+p1$`)
 // checkBack checks one volume set up in boot setup and expected back in boot
 // after: at kubelet's start its stable path exists and its unit is active;
 // afterwards its data, filesystem UUID and identity are unchanged.
-func checkBack(t *testing.T, setup, after *bootResult, name string) {
+func checkBack(t *testing.T, setup, after *bootView, name string) {
 	t.Helper()
-	uuid := setup.facts[name+".uuid"]
-	kind := setup.facts[name+".kind"]
-	if uuid == "" || setup.facts[name+".create"] == "failed" {
-		t.Errorf("volume %s: not created in boot %s", name, setup.spec.name)
+	uuid := setup.Facts[name+".uuid"]
+	kind := setup.Facts[name+".kind"]
+	if uuid == "" || setup.Facts[name+".create"] == "failed" {
+		t.Errorf("volume %s: not created in boot %s", name, setup.Spec.Name)
 		return
 	}
 	var problems []string
 	add := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 	unit := "sparsevol@" + uuid + ".service"
-	if setup.facts[name+".sha"] == "" {
-		add("no data was written in boot %s", setup.spec.name)
+	if setup.Facts[name+".sha"] == "" {
+		add("no data was written in boot %s", setup.Spec.Name)
 	}
 	link := linkOf(kind, uuid)
-	if link != "" && setup.facts[name+".linkAtCreate"] == "no" {
-		add("%s did not exist when create/attach returned (boot %s)", link, setup.spec.name)
+	if link != "" && setup.Facts[name+".linkAtCreate"] == "no" {
+		add("%s did not exist when create/attach returned (boot %s)", link, setup.Spec.Name)
 	}
-	stable := setup.facts[name+".stablePath"]
-	if setup.facts[name+".stableAtCreate"] == "no" {
-		add("stable path %s did not exist when create/attach returned (boot %s)", stable, setup.spec.name)
+	stable := setup.Facts[name+".stablePath"]
+	if setup.Facts[name+".stableAtCreate"] == "no" {
+		add("stable path %s did not exist when create/attach returned (boot %s)", stable, setup.Spec.Name)
 	}
 	if link != "" && stable != "" && stable != link {
 		add("sparsevol status reports stablePath %s, want %s", stable, link)
@@ -241,7 +247,7 @@ func checkBack(t *testing.T, setup, after *bootResult, name string) {
 
 	k := after.kubelet
 	if !k.ran {
-		add("kubelet.service did not run in boot %s", after.spec.name)
+		add("kubelet.service did not run in boot %s", after.Spec.Name)
 	} else {
 		if link != "" {
 			target, ok := k.links[link]
@@ -257,7 +263,7 @@ func checkBack(t *testing.T, setup, after *bootResult, name string) {
 			}
 		}
 		if kind == "raw" {
-			backing := setup.facts[name+".backingFile"]
+			backing := setup.Facts[name+".backingFile"]
 			if _, ok := k.loops[backing]; !ok {
 				add("no loop device backed by %s at kubelet start", backing)
 			}
@@ -267,34 +273,34 @@ func checkBack(t *testing.T, setup, after *bootResult, name string) {
 		}
 	}
 
-	f := after.facts
+	f := after.Facts
 	if f[name+".status"] != "ok" {
 		add("sparsevol status failed after the reboot")
 	} else if f[name+".attached"] != "true" {
 		add("sparsevol status says attached=%s", f[name+".attached"])
 	}
-	if got, want := f[name+".sha"], setup.facts[name+".sha"]; got != want {
+	if got, want := f[name+".sha"], setup.Facts[name+".sha"]; got != want {
 		add("data checksum after reboot %q, want %q", got, want)
 	}
 	if kind == "ext4" || kind == "xfs" {
 		if got := f[name+".fsUUID"]; got != uuid {
 			add("filesystem UUID after reboot %q, want %q", got, uuid)
 		}
-		if got, want := f[name+".fsIdentity"], setup.facts[name+".fsIdentity"]; got != want || want == "" {
+		if got, want := f[name+".fsIdentity"], setup.Facts[name+".fsIdentity"]; got != want || want == "" {
 			add("filesystem reformatted? identity (ext4 creation time / xfs superblock uuid) %q, want %q", got, want)
 		}
 	}
 	if len(problems) > 0 {
 		t.Errorf("volume %s (%s, uuid %s), boot %s:\n  - %s\n  journal of %s (journalctl -u %s -b):\n%s",
-			name, kind, uuid, after.spec.name, strings.Join(problems, "\n  - "), unit, unit, after.journal(uuid))
+			name, kind, uuid, after.Spec.Name, strings.Join(problems, "\n  - "), unit, unit, after.journal(uuid))
 	} else {
 		t.Logf("volume %s (%s, %s): back at kubelet start, data intact", name, kind, uuid)
 	}
 }
 
-func volumesOf(b *bootResult, prefix string) []string {
+func volumesOf(b *bootView, prefix string) []string {
 	var names []string
-	for k := range b.facts {
+	for k := range b.Facts {
 		if strings.HasPrefix(k, prefix+"-") && strings.HasSuffix(k, ".kind") {
 			names = append(names, strings.TrimSuffix(k, ".kind"))
 		}
@@ -308,28 +314,28 @@ func checkOriginalFailure(t *testing.T, r *run) {
 	needStep(t, setup, "s1-setup")
 	after := r.need(t, "b2-baseline")
 	needStep(t, after, "s1-check")
-	uuid := setup.facts["s1.uuid"]
+	uuid := setup.Facts["s1.uuid"]
 	if uuid == "" {
 		t.Fatal("no by-hand volume was made")
 	}
-	if setup.facts["s1.linkAtCreate"] != "yes" {
+	if setup.Facts["s1.linkAtCreate"] != "yes" {
 		t.Errorf("/dev/disk/by-uuid/%s did not appear even before the reboot: the VM does not run udev as a node would", uuid)
 	}
 	if !after.kubelet.ran {
-		t.Fatalf("kubelet.service did not run in boot %s", after.spec.name)
+		t.Fatalf("kubelet.service did not run in boot %s", after.Spec.Name)
 	}
 	if target, ok := after.kubelet.links["/dev/disk/by-uuid/"+uuid]; ok {
 		t.Errorf("/dev/disk/by-uuid/%s exists at kubelet start (-> %s): the VM did not reproduce the failure", uuid, target)
 	}
-	if after.facts["s1.linkNow"] != "no" || after.facts["s1.loops"] != "" {
+	if after.Facts["s1.linkNow"] != "no" || after.Facts["s1.loops"] != "" {
 		t.Errorf("after the reboot: link exists=%s, loop devices %q; want no link and no device",
-			after.facts["s1.linkNow"], after.facts["s1.loops"])
+			after.Facts["s1.linkNow"], after.Facts["s1.loops"])
 	}
-	if after.facts["s1.fileExists"] != "yes" {
+	if after.Facts["s1.fileExists"] != "yes" {
 		t.Errorf("the backing file vanished")
 	}
 	t.Logf("reproduced: by-hand volume %s (%s) was attached as %s with its link before the reboot; after it, /dev/disk/by-uuid/%s does not exist",
-		uuid, setup.facts["s1.file"], setup.facts["s1.loop"], uuid)
+		uuid, setup.Facts["s1.file"], setup.Facts["s1.loop"], uuid)
 }
 
 func checkSet(t *testing.T, r *run, setupBoot, setupStep, afterBoot, checkStep, prefix string, wantN int) {
@@ -353,8 +359,8 @@ func checkCleanReboot(t *testing.T, r *run) {
 
 func checkHardReset(t *testing.T, r *run) {
 	setup := r.need(t, "b3-after-clean-reboot")
-	if !setup.killed {
-		t.Errorf("boot %s was not ended by a hard reset", setup.spec.name)
+	if !setup.Killed {
+		t.Errorf("boot %s was not ended by a hard reset", setup.Spec.Name)
 	}
 	checkSet(t, r, "b3-after-clean-reboot", "s3-setup", "b4-after-hard-reset", "s3-check", "s3", 4)
 }
@@ -363,14 +369,14 @@ func checkStoreDisk(t *testing.T, r *run) {
 	checkSet(t, r, "b2-baseline", "s4-setup", "b3-after-clean-reboot", "s4-check", "s4", 2)
 	setup := r.results["b2-baseline"]
 	after := r.results["b3-after-clean-reboot"]
-	if after.facts["s4.storeMounted"] == "" {
+	if after.Facts["s4.storeMounted"] == "" {
 		t.Errorf("%s is not mounted after the reboot", storeDir)
 	}
 	mountUnit := `srv-sparsevol\x2dstore.mount`
 	mount := after.mounts[mountUnit]
-	mounted, _ := monotonic(mount["ActiveEnterTimestampMonotonic"])
+	mounted, _ := vmrun.Monotonic(mount["ActiveEnterTimestampMonotonic"])
 	for _, n := range volumesOf(setup, "s4") {
-		unit := "sparsevol@" + setup.facts[n+".uuid"] + ".service"
+		unit := "sparsevol@" + setup.Facts[n+".uuid"] + ".service"
 		props, ok := after.units[unit]
 		if !ok {
 			t.Errorf("%s: unit %s not loaded", n, unit)
@@ -379,7 +385,7 @@ func checkStoreDisk(t *testing.T, r *run) {
 		if !containsUnit(props["After"], mountUnit) {
 			t.Errorf("%s: unit %s is not ordered after %s (RequiresMountsFor=%q)", n, unit, mountUnit, props["RequiresMountsFor"])
 		}
-		started, ok := monotonic(props["InactiveExitTimestampMonotonic"])
+		started, ok := vmrun.Monotonic(props["InactiveExitTimestampMonotonic"])
 		if ok && mounted > 0 && started < mounted {
 			t.Errorf("%s: unit %s started at %s, before the store was mounted at %s", n, unit, started, mounted)
 		}
@@ -397,15 +403,15 @@ func checkStopDelete(t *testing.T, r *run) {
 	needStep(t, after, "s5-check-gone")
 	names := volumesOf(setup, "s2")
 	if len(names) != 4 {
-		t.Errorf("boot %s made %d volumes (%v), want 4", setup.spec.name, len(names), names)
+		t.Errorf("boot %s made %d volumes (%v), want 4", setup.Spec.Name, len(names), names)
 	}
 	for _, n := range names {
-		uuid := setup.facts[n+".uuid"]
-		kind := setup.facts[n+".kind"]
+		uuid := setup.Facts[n+".uuid"]
+		kind := setup.Facts[n+".kind"]
 		checkBack(t, setup, mid, n)
 		var problems []string
 		add := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
-		f := mid.facts
+		f := mid.Facts
 		if f["s5.bootDone"] != "yes" {
 			add("the boot was not marked done after %s ran", "sparsevol-boot-done.service")
 		}
@@ -434,7 +440,7 @@ func checkStopDelete(t *testing.T, r *run) {
 			add("sparsevol delete exited %s", f[n+".deleteExit"])
 		}
 		problems = append(problems, goneProblems(f, n+".afterDelete", "after delete")...)
-		problems = append(problems, goneProblems(after.facts, n+".afterReboot", "after one more reboot")...)
+		problems = append(problems, goneProblems(after.Facts, n+".afterReboot", "after one more reboot")...)
 		unit := "sparsevol@" + uuid + ".service"
 		if after.kubelet.ran {
 			if st, ok := after.kubelet.units[unit]; ok && st != "inactive" {
@@ -448,7 +454,7 @@ func checkStopDelete(t *testing.T, r *run) {
 		}
 		if len(problems) > 0 {
 			t.Errorf("volume %s (%s, uuid %s):\n  - %s\n  journal of %s in boot %s:\n%s", n, kind, uuid,
-				strings.Join(problems, "\n  - "), unit, mid.spec.name, mid.journal(uuid))
+				strings.Join(problems, "\n  - "), unit, mid.Spec.Name, mid.journal(uuid))
 		} else {
 			t.Logf("volume %s (%s): stop detached it, delete removed it, nothing left after a reboot", n, kind)
 		}
@@ -501,15 +507,15 @@ func checkAdopt(t *testing.T, r *run) {
 	checkSet(t, r, "b2-baseline", "s6-setup", "b3-after-clean-reboot", "s6-check", "s6", 2)
 	setup := r.results["b2-baseline"]
 	after := r.results["b3-after-clean-reboot"]
-	if setup.facts["s6.adoptExit"] != "0" {
-		t.Errorf("sparsevol adopt --dir %s exited %s; log:\n%s", oldDir, setup.facts["s6.adoptExit"], setup.stepLog("s6-setup", 30))
+	if setup.Facts["s6.adoptExit"] != "0" {
+		t.Errorf("sparsevol adopt --dir %s exited %s; log:\n%s", oldDir, setup.Facts["s6.adoptExit"], setup.StepLog("s6-setup", 30))
 	}
 	for _, n := range []string{"s6-ext4", "s6-block"} {
-		uuid := setup.facts[n+".uuid"]
-		if got, want := setup.facts[n+".afterAdopt.backingFile"], oldDir+"/"+uuid; got != want {
+		uuid := setup.Facts[n+".uuid"]
+		if got, want := setup.Facts[n+".afterAdopt.backingFile"], oldDir+"/"+uuid; got != want {
 			t.Errorf("%s: adopted backing file %q, want it in place at %q", n, got, want)
 		}
-		if got, want := after.facts[n+".fileAfterReboot"], setup.facts[n+".fileBefore"]; got != want {
+		if got, want := after.Facts[n+".fileAfterReboot"], setup.Facts[n+".fileBefore"]; got != want {
 			t.Errorf("%s: the file's content changed between adopt and the first use after the reboot (sha256 %s, before adopt %s)", n, got, want)
 		}
 	}
@@ -519,8 +525,8 @@ func checkScale(t *testing.T, r *run) {
 	base := r.need(t, "b2-baseline")
 	setup := r.need(t, "b4-after-hard-reset")
 	needStep(t, setup, "s7-clear")
-	if setup.facts["s7.left"] != "0" {
-		t.Errorf("%s volumes left in the default store after deleting all of them", setup.facts["s7.left"])
+	if setup.Facts["s7.left"] != "0" {
+		t.Errorf("%s volumes left in the default store after deleting all of them", setup.Facts["s7.left"])
 	}
 	set := r.scale
 	if r.cfg.scaleGuest {
@@ -538,9 +544,9 @@ func checkScale(t *testing.T, r *run) {
 	if len(names) != r.cfg.scaleCount {
 		t.Errorf("made %d volumes, want %d", len(names), r.cfg.scaleCount)
 	}
-	logf(t, "scale: %d ext4 volumes of %s created on the %s in %s", len(names), r.cfg.scaleSize, set.where, set.created.Round(100*time.Millisecond))
+	vmrun.Logf(t, "scale: %d ext4 volumes of %s created on the %s in %s", len(names), r.cfg.scaleSize, set.where, set.created.Round(100*time.Millisecond))
 	if !after.kubelet.ran {
-		t.Fatalf("kubelet.service did not run in boot %s", after.spec.name)
+		t.Fatalf("kubelet.service did not run in boot %s", after.Spec.Name)
 	}
 	var missing []string
 	var last time.Duration
@@ -560,7 +566,7 @@ func checkScale(t *testing.T, r *run) {
 		if st := after.kubelet.units[unit]; st != "active" {
 			why = append(why, fmt.Sprintf("unit %s is %q at kubelet start", unit, st))
 		}
-		if at, ok := monotonic(after.units[unit]["ActiveEnterTimestampMonotonic"]); ok && at > last {
+		if at, ok := vmrun.Monotonic(after.units[unit]["ActiveEnterTimestampMonotonic"]); ok && at > last {
 			last, lastName = at, n
 		}
 		if len(why) > 0 {
@@ -574,14 +580,14 @@ func checkScale(t *testing.T, r *run) {
 	if len(missing) > 0 {
 		t.Errorf("%d of %d volumes not back at kubelet start: %s", len(missing), len(names), strings.Join(missing, " "))
 	}
-	if got := after.facts["s7.attached"]; got != fmt.Sprint(len(names)) {
+	if got := after.Facts["s7.attached"]; got != fmt.Sprint(len(names)) {
 		t.Errorf("sparsevol list shows %s of %d scale volumes attached after the boot", got, len(names))
 	}
 
 	k0, ok0 := base.kubeletStart()
 	k1, ok1 := after.kubeletStart()
-	u0, _ := monotonic(base.facts["manager.UserspaceTimestampMonotonic"])
-	u1, _ := monotonic(after.facts["manager.UserspaceTimestampMonotonic"])
+	u0, _ := vmrun.Monotonic(base.Facts["manager.UserspaceTimestampMonotonic"])
+	u1, _ := vmrun.Monotonic(after.Facts["manager.UserspaceTimestampMonotonic"])
 	if !ok0 || !ok1 {
 		t.Errorf("kubelet start time missing (baseline %v, scale %v)", ok0, ok1)
 		return
@@ -589,7 +595,7 @@ func checkScale(t *testing.T, r *run) {
 	cost := k1 - k0
 	r.figures = append(r.figures,
 		fmt.Sprintf("scale: %d ext4 volumes; kernel start -> last volume attached (%s): %s", len(names), lastName, secs(last)),
-		fmt.Sprintf("scale: kernel start -> kubelet start: %s with %d volumes, %s with none (baseline boot %s)", secs(k1), len(names), secs(k0), base.spec.name),
+		fmt.Sprintf("scale: kernel start -> kubelet start: %s with %d volumes, %s with none (baseline boot %s)", secs(k1), len(names), secs(k0), base.Spec.Name),
 		fmt.Sprintf("scale: kernel start -> systemd (userspace): %s with volumes, %s baseline", secs(u1), secs(u0)),
 		fmt.Sprintf("scale: boot cost of %d volumes (kubelet start with - without): %s (target < 5 s)", len(names), secs(cost)),
 		fmt.Sprintf("scale: units started %s; became active %s", spread(after, set, "InactiveExitTimestampMonotonic"), spread(after, set, "ActiveEnterTimestampMonotonic")),
@@ -600,22 +606,22 @@ func checkScale(t *testing.T, r *run) {
 			"scale: CPU time until kubelet start, with - without volumes: all CPUs busy %s, idle %s; systemd (PID 1) %s, udevd %s, journald %s; sparsevol-boot.service %s",
 			delta("busy"), delta("idle"), delta("init.scope"), delta("systemd-udevd.service"), delta("systemd-journald.service"), secs(c1["sparsevol-boot.service"])))
 	}
-	b0, ok0 := monotonic(after.facts["bootunit.InactiveExitTimestampMonotonic"])
-	b1, ok1 := monotonic(after.facts["bootunit.ActiveEnterTimestampMonotonic"])
+	b0, ok0 := vmrun.Monotonic(after.Facts["bootunit.InactiveExitTimestampMonotonic"])
+	b1, ok1 := vmrun.Monotonic(after.Facts["bootunit.ActiveEnterTimestampMonotonic"])
 	if ok0 && ok1 {
 		r.figures = append(r.figures, fmt.Sprintf("scale: sparsevol-boot.service (attach --boot, one process) ran from %s to %s (%s)", secs(b0), secs(b1), secs(b1-b0)))
 	} else {
-		t.Errorf("sparsevol-boot.service did not run in boot %s (ActiveState %q, Result %q)", after.spec.name, after.facts["bootunit.ActiveState"], after.facts["bootunit.Result"])
+		t.Errorf("sparsevol-boot.service did not run in boot %s (ActiveState %q, Result %q)", after.Spec.Name, after.Facts["bootunit.ActiveState"], after.Facts["bootunit.Result"])
 	}
 	for _, f := range r.figures {
-		logf(t, "%s", f)
+		vmrun.Logf(t, "%s", f)
 	}
 	if cost > 5*time.Second {
 		msg := fmt.Sprintf("boot cost of %d volumes is %s, over the 5 s target", len(names), secs(cost))
-		if os.Getenv("SPARSEVOL_E2E_STRICT_TIMING") != "" {
+		if vmrun.EnvSet("STRICT_TIMING") {
 			t.Error(msg)
 		} else {
-			logf(t, "WARNING: %s (SPARSEVOL_E2E_STRICT_TIMING=1 makes this a failure)", msg)
+			vmrun.Logf(t, "WARNING: %s (SPARSEVOL_E2E_STRICT_TIMING=1 makes this a failure)", msg)
 		}
 	}
 }
@@ -624,10 +630,10 @@ func secs(d time.Duration) string { return fmt.Sprintf("%.2f s", d.Seconds()) }
 
 // spread summarises one timestamp of the scale set's units: first, median
 // and last, and how many have it.
-func spread(b *bootResult, set *scaleSet, prop string) string {
+func spread(b *bootView, set *scaleSet, prop string) string {
 	var ts []time.Duration
 	for _, n := range set.names {
-		if at, ok := monotonic(b.units["sparsevol@"+set.uuids[n]+".service"][prop]); ok {
+		if at, ok := vmrun.Monotonic(b.units["sparsevol@"+set.uuids[n]+".service"][prop]); ok {
 			ts = append(ts, at)
 		}
 	}
@@ -640,33 +646,33 @@ func spread(b *bootResult, set *scaleSet, prop string) string {
 }
 
 // printFigures prints the measured boot figures of every boot.
-func (r *run) printFigures(t *testing.T, img image, total time.Duration) {
-	logf(t, "==== figures ====")
+func (r *run) printFigures(t *testing.T, img vmrun.Image, total time.Duration) {
+	vmrun.Logf(t, "==== figures ====")
 	if img.Built > 0 {
-		logf(t, "image build (cold cache): %s", img.Built.Round(time.Second))
+		vmrun.Logf(t, "image build (cold cache): %s", img.Built.Round(time.Second))
 	} else {
-		logf(t, "image build: cached")
+		vmrun.Logf(t, "image build: cached")
 	}
-	logf(t, "times from kernel start; host load: the host's 1-minute load average when the boot started (2 cores)")
-	logf(t, "%-24s %8s %10s %10s %8s %14s %10s", "boot", "wall", "userspace", "kubelet", "units", "last attached", "host load")
-	for _, name := range r.order {
+	vmrun.Logf(t, "times from kernel start; host load: the host's 1-minute load average when the boot started (2 cores)")
+	vmrun.Logf(t, "%-24s %8s %10s %10s %8s %14s %10s", "boot", "wall", "userspace", "kubelet", "units", "last attached", "host load")
+	for _, name := range r.Order {
 		b := r.results[name]
-		u, _ := monotonic(b.facts["manager.UserspaceTimestampMonotonic"])
+		u, _ := vmrun.Monotonic(b.Facts["manager.UserspaceTimestampMonotonic"])
 		k, _ := b.kubeletStart()
 		var last time.Duration
 		for _, props := range b.units {
-			if at, ok := monotonic(props["ActiveEnterTimestampMonotonic"]); ok && at > last {
+			if at, ok := vmrun.Monotonic(props["ActiveEnterTimestampMonotonic"]); ok && at > last {
 				last = at
 			}
 		}
 		end := "exit"
-		if b.killed {
+		if b.Killed {
 			end = "kill"
 		}
-		logf(t, "%-24s %7.1fs %9.2fs %9.2fs %8d %13.2fs %10s  (%s)", name, b.wall.Seconds(), u.Seconds(), k.Seconds(), len(b.units), last.Seconds(), b.hostLoad, end)
+		vmrun.Logf(t, "%-24s %7.1fs %9.2fs %9.2fs %8d %13.2fs %10s  (%s)", name, b.Wall.Seconds(), u.Seconds(), k.Seconds(), len(b.units), last.Seconds(), b.HostLoad, end)
 	}
 	for _, f := range r.figures {
-		logf(t, "%s", f)
+		vmrun.Logf(t, "%s", f)
 	}
-	logf(t, "total: %s", total.Round(time.Second))
+	vmrun.Logf(t, "total: %s", total.Round(time.Second))
 }

@@ -32,79 +32,51 @@ type scaleSet struct {
 // instead of the ~10 s each create costs in the emulated guest (two systemd
 // reloads per create). The loop device create formats through is one of
 // the host's, so /dev and /sys are the host's inside the chroot.
-func (r *run) provisionScale(t *testing.T) (*scaleSet, error) {
-	mnt := filepath.Join(r.dir, "mnt")
-	if err := os.MkdirAll(mnt, 0o755); err != nil {
-		return nil, err
-	}
-	if err := runCmd("mount", "-o", "loop", r.root, mnt); err != nil {
-		return nil, err
-	}
-	var undo []func() error
-	defer func() {
-		for i := len(undo) - 1; i >= 0; i-- {
-			if err := undo[i](); err != nil {
-				t.Errorf("scale provisioning cleanup: %v", err)
+func (r *run) provisionScale(t *testing.T) (set *scaleSet, err error) {
+	err = r.WithRoot(true, func(mnt string) error {
+		// systemd.Running() in the engine looks for /run/systemd/system; the
+		// image's /run is an empty directory under the guest's tmpfs.
+		runSystemd := filepath.Join(mnt, "run/systemd")
+		if _, err := os.Stat(runSystemd); os.IsNotExist(err) {
+			defer os.RemoveAll(runSystemd)
+		}
+		if err := os.MkdirAll(filepath.Join(runSystemd, "system"), 0o755); err != nil {
+			return err
+		}
+		set = &scaleSet{uuids: map[string]string{}, where: "host, offline in a chroot of the image"}
+		start := time.Now()
+		for i := 1; i <= r.cfg.scaleCount; i++ {
+			name := fmt.Sprintf("s7-%03d", i)
+			var out, errOut bytes.Buffer
+			cmd := exec.Command("chroot", mnt, "/usr/local/bin/sparsevol", "-v", "create", name,
+				"--size", r.cfg.scaleSize, "--no-start")
+			cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "SYSTEMD_OFFLINE=1", "LC_ALL=C"}
+			cmd.Stdout = &out
+			cmd.Stderr = &errOut
+			if err := cmd.Run(); err != nil {
+				return fmt.Errorf("chroot sparsevol create %s: %v: %s", name, err, strings.TrimSpace(errOut.String()))
 			}
+			uuid := strings.TrimSpace(out.String())
+			if _, err := os.Lstat(filepath.Join(mnt, "etc/systemd/system/multi-user.target.wants/sparsevol@"+uuid+".service")); err != nil {
+				return fmt.Errorf("create %s (%s) did not enable its unit: %v\n%s", name, uuid, err, strings.TrimSpace(errOut.String()))
+			}
+			set.names = append(set.names, name)
+			set.uuids[name] = uuid
 		}
-	}()
-	undo = append(undo, func() error { return runCmd("umount", mnt) })
-	// systemd.Running() in the engine looks for /run/systemd/system; the
-	// image's /run is an empty directory under the guest's tmpfs.
-	runSystemd := filepath.Join(mnt, "run/systemd")
-	if _, err := os.Stat(runSystemd); os.IsNotExist(err) {
-		undo = append(undo, func() error { return os.RemoveAll(runSystemd) })
-	}
-	if err := os.MkdirAll(filepath.Join(runSystemd, "system"), 0o755); err != nil {
-		return nil, err
-	}
-	for _, m := range []struct{ args []string }{
-		{[]string{"--bind", "/dev", filepath.Join(mnt, "dev")}},
-		{[]string{"-t", "proc", "proc", filepath.Join(mnt, "proc")}},
-		{[]string{"-t", "sysfs", "sysfs", filepath.Join(mnt, "sys")}},
-	} {
-		if err := runCmd("mount", m.args...); err != nil {
-			return nil, err
-		}
-		target := m.args[len(m.args)-1]
-		undo = append(undo, func() error { return runCmd("umount", target) })
-	}
-
-	if err := runCmd("chroot", mnt, "test", "-d", "/run/systemd/system"); err != nil {
-		return nil, fmt.Errorf("chroot does not look like a systemd host: %v", err)
-	}
-	set := &scaleSet{uuids: map[string]string{}, where: "host, offline in a chroot of the image"}
-	start := time.Now()
-	for i := 1; i <= r.cfg.scaleCount; i++ {
-		name := fmt.Sprintf("s7-%03d", i)
-		var out, errOut bytes.Buffer
-		cmd := exec.Command("chroot", mnt, "/usr/local/bin/sparsevol", "-v", "create", name,
-			"--size", r.cfg.scaleSize, "--no-start")
-		cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "SYSTEMD_OFFLINE=1", "LC_ALL=C"}
-		cmd.Stdout = &out
-		cmd.Stderr = &errOut
-		if err := cmd.Run(); err != nil {
-			return set, fmt.Errorf("chroot sparsevol create %s: %v: %s", name, err, strings.TrimSpace(errOut.String()))
-		}
-		uuid := strings.TrimSpace(out.String())
-		if _, err := os.Lstat(filepath.Join(mnt, "etc/systemd/system/multi-user.target.wants/sparsevol@"+uuid+".service")); err != nil {
-			return set, fmt.Errorf("create %s (%s) did not enable its unit: %v\n%s", name, uuid, err, strings.TrimSpace(errOut.String()))
-		}
-		set.names = append(set.names, name)
-		set.uuids[name] = uuid
-	}
-	set.created = time.Since(start)
-	return set, nil
+		set.created = time.Since(start)
+		return nil
+	})
+	return set, err
 }
 
 // scaleFromGuest reads the set created in the guest (SPARSEVOL_E2E_SCALE_IN_GUEST).
-func scaleFromGuest(b *bootResult) *scaleSet {
+func scaleFromGuest(b *bootView) *scaleSet {
 	set := &scaleSet{uuids: map[string]string{}, where: "guest, sparsevol create"}
-	for _, n := range strings.Fields(b.facts["s7.volumes"]) {
+	for _, n := range strings.Fields(b.Facts["s7.volumes"]) {
 		set.names = append(set.names, n)
-		set.uuids[n] = b.facts[n+".uuid"]
+		set.uuids[n] = b.Facts[n+".uuid"]
 	}
-	if ms, err := strconv.Atoi(b.facts["s7.createMs"]); err == nil {
+	if ms, err := strconv.Atoi(b.Facts["s7.createMs"]); err == nil {
 		set.created = time.Duration(ms) * time.Millisecond
 	}
 	return set

@@ -1,32 +1,7 @@
-# Helpers for the guest steps (sourced by step.sh). Steps do not decide pass
-# or fail: they record facts ("key=value" lines in $OUT/$STEP.facts) that the
-# Go harness on the host compares across boots. A step exits non-zero only
-# when it could not do what it was asked (a setup command failed).
-set -u -o pipefail
-export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-E2E=/e2e
-STATE=$E2E/state
-FACTS=$OUT/$STEP.facts
+# The volume helpers of test/vm's steps (sourced after the shared library,
+# test/e2e/vmrun/guest/lib.sh, whose fact, fail, die and run they use).
 MNT=/mnt/e2e
 mkdir -p "$STATE/vols" "$MNT"
-[ -f "$E2E/boot/env" ] && . "$E2E/boot/env"
-FAILED=0
-
-fact() { printf '%s=%s\n' "$1" "$2" >>"$FACTS"; }
-run() {
-	echo "+ $*" >&2
-	"$@"
-}
-fail() {
-	echo "ERROR: $*" >&2
-	FAILED=1
-}
-die() {
-	echo "FATAL: $*" >&2
-	exit 1
-}
-yesno() { if "$@"; then echo yes; else echo no; fi; }
-oneline() { tr '\n' ' ' | sed 's/ *$//'; }
 
 # Per-volume state kept on the host share, so it survives hard resets.
 vset() { echo "$2=$3" >>"$STATE/vols/$1"; }
