@@ -22,12 +22,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sparsevol/sparsevol/test/e2e/vmrun"
 	"github.com/sparsevol/sparsevol/test/k8s/oci"
 )
 
 const (
 	nodeIP   = "192.168.77.10"
-	nodeName = "sparsevol-e2e" // test/vm's image hostname
+	nodeName = vmrun.Hostname
 	libDir   = "usr/local/lib/sparsevol-k8s"
 )
 
@@ -35,7 +36,7 @@ const (
 var nodeUnits = []string{
 	"k8s-net.service", "etcd.service", "kube-apiserver.service", "kube-controller-manager.service",
 	"kube-scheduler.service", "k8s-images.service", "kubelet.service", "sparsevol-csi.service",
-	"csi-provisioner.service", "e2e-k8s-driver.service",
+	"csi-provisioner.service",
 }
 
 // installNode writes into the mounted root image everything that makes it a
@@ -44,7 +45,7 @@ var nodeUnits = []string{
 func installNode(mnt, binDir string) error {
 	// Binaries.
 	for _, b := range []string{"kubelet", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "etcd", "csi-provisioner"} {
-		if err := copyFile(filepath.Join(binDir, b), filepath.Join(mnt, "usr/local/bin", b), 0o755); err != nil {
+		if err := vmrun.CopyFile(filepath.Join(binDir, b), filepath.Join(mnt, "usr/local/bin", b), 0o755); err != nil {
 			return err
 		}
 	}
@@ -61,22 +62,16 @@ func installNode(mnt, binDir string) error {
 		if strings.HasSuffix(name, ".sh") {
 			dst, mode = filepath.Join(mnt, libDir, name), 0o755
 		}
-		if err := writeFile(dst, b, mode); err != nil {
+		if err := vmrun.WriteFile(dst, b, mode); err != nil {
 			return err
 		}
 	}
-	wants := filepath.Join(mnt, "etc/systemd/system/multi-user.target.wants")
-	os.MkdirAll(wants, 0o755)
-	for _, u := range nodeUnits {
-		link := filepath.Join(wants, u)
-		os.Remove(link)
-		if err := os.Symlink("/etc/systemd/system/"+u, link); err != nil {
-			return err
-		}
+	if err := vmrun.EnableUnits(mnt, nodeUnits...); err != nil {
+		return err
 	}
 	// Every stop is bounded (a container ignoring SIGTERM would hold a
 	// reboot for 90 s).
-	if err := writeFile(filepath.Join(mnt, "etc/systemd/system.conf.d/e2e-k8s.conf"),
+	if err := vmrun.WriteFile(filepath.Join(mnt, "etc/systemd/system.conf.d/e2e-k8s.conf"),
 		[]byte("[Manager]\nDefaultTimeoutStopSec=15s\n"), 0o644); err != nil {
 		return err
 	}
@@ -87,12 +82,12 @@ func installNode(mnt, binDir string) error {
 		return err
 	}
 	for name, data := range pki.files {
-		if err := writeFile(filepath.Join(mnt, "etc/kubernetes/pki", name), data, 0o600); err != nil {
+		if err := vmrun.WriteFile(filepath.Join(mnt, "etc/kubernetes/pki", name), data, 0o600); err != nil {
 			return err
 		}
 	}
 	token := pki.token
-	if err := writeFile(filepath.Join(mnt, "etc/kubernetes/tokens.csv"),
+	if err := vmrun.WriteFile(filepath.Join(mnt, "etc/kubernetes/tokens.csv"),
 		[]byte(token+",admin,admin,\"system:masters\"\n"), 0o600); err != nil {
 		return err
 	}
@@ -114,7 +109,7 @@ contexts:
     user: admin
 current-context: e2e
 `, token)
-	if err := writeFile(filepath.Join(mnt, "etc/kubernetes/admin.kubeconfig"), []byte(kubeconfig), 0o600); err != nil {
+	if err := vmrun.WriteFile(filepath.Join(mnt, "etc/kubernetes/admin.kubeconfig"), []byte(kubeconfig), 0o600); err != nil {
 		return err
 	}
 	kubelet := `apiVersion: kubelet.config.k8s.io/v1beta1
@@ -140,7 +135,7 @@ evictionHard:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 `
-	if err := writeFile(filepath.Join(mnt, "etc/kubernetes/kubelet.yaml"), []byte(kubelet), 0o644); err != nil {
+	if err := vmrun.WriteFile(filepath.Join(mnt, "etc/kubernetes/kubelet.yaml"), []byte(kubelet), 0o644); err != nil {
 		return err
 	}
 	cni := `{
@@ -161,7 +156,7 @@ imageGCLowThresholdPercent: 99
   ]
 }
 `
-	if err := writeFile(filepath.Join(mnt, "etc/cni/net.d/10-e2e.conflist"), []byte(cni), 0o644); err != nil {
+	if err := vmrun.WriteFile(filepath.Join(mnt, "etc/cni/net.d/10-e2e.conflist"), []byte(cni), 0o644); err != nil {
 		return err
 	}
 	// Images: pause (the pod sandbox) and busybox, from the image's own
@@ -178,7 +173,7 @@ imageGCLowThresholdPercent: 99
 	}); err != nil {
 		return err
 	}
-	return writeFile(filepath.Join(mnt, libDir, "images.tar"), archive.Bytes(), 0o644)
+	return vmrun.WriteFile(filepath.Join(mnt, libDir, "images.tar"), archive.Bytes(), 0o644)
 }
 
 // busyboxApplets lists the applets of a static busybox (it runs on the host
@@ -260,20 +255,4 @@ func newPKI() (*pkiFiles, error) {
 	p.files["sa.key"] = pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(saKey)})
 	p.files["sa.pub"] = pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: saPub})
 	return p, nil
-}
-
-func writeFile(path string, data []byte, mode os.FileMode) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	os.Remove(path)
-	return os.WriteFile(path, data, mode)
-}
-
-func copyFile(src, dst string, mode os.FileMode) error {
-	b, err := os.ReadFile(src)
-	if err != nil {
-		return err
-	}
-	return writeFile(dst, b, mode)
 }

@@ -34,6 +34,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/sparsevol/sparsevol/test/e2e/vmrun"
 )
 
 // Versions of everything built. Changing any of them, the build flags or
@@ -131,13 +133,9 @@ func Key() string {
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
-// DefaultCache is $SPARSEVOL_K8S_CACHE or /var/cache/sparsevol-k8s.
-func DefaultCache() string {
-	if d := os.Getenv("SPARSEVOL_K8S_CACHE"); d != "" {
-		return d
-	}
-	return "/var/cache/sparsevol-k8s"
-}
+// DefaultCache is k8s-bins under the end-to-end cache root
+// ($SPARSEVOL_E2E_CACHE, see vmrun.DefaultCache).
+func DefaultCache() string { return filepath.Join(vmrun.DefaultCache(), "k8s-bins") }
 
 // Options of a build.
 type Options struct {
@@ -353,7 +351,7 @@ func (b *builder) goOut(ctx context.Context, dir string, args ...string) (string
 	err := cmd.Run()
 	fmt.Fprintf(b.log, "  (%s, %v)\n", time.Since(t0).Round(100*time.Millisecond), err)
 	if err != nil {
-		return stdout.String(), fmt.Errorf("go %s: %v; see %s:\n%s", args[0], err, b.logPath, tailFile(b.logPath, 25))
+		return stdout.String(), fmt.Errorf("go %s: %v; see %s:\n%s", args[0], err, b.logPath, vmrun.TailFile(b.logPath, 25))
 	}
 	return stdout.String(), nil
 }
@@ -474,16 +472,4 @@ func sortedKeys[V any](m map[string]V) []string {
 		}
 	}
 	return keys
-}
-
-func tailFile(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Sprintf("(%v)", err)
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }

@@ -1,30 +1,13 @@
-# Helpers of the guest steps (sourced by step.sh).
-set -u
-export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+# The Kubernetes helpers of test/k8s's steps (sourced after the shared
+# library, test/e2e/vmrun/guest/lib.sh, whose fact, fail, die, log and retry
+# they use).
 export KUBECONFIG=/etc/kubernetes/admin.kubeconfig
 NODE=$(hostname)
 DRIVER=sparsevol.csi.io
-STATE=/e2e/state # survives reboots (host share)
-mkdir -p "$STATE"
+DEPLOY=/usr/local/lib/sparsevol-k8s/deploy # deploy/kubernetes of this checkout
 
 k() { kubectl "$@"; }
-up() { cut -d' ' -f1 /proc/uptime; }
-log() { echo "[$(up)] $*"; }
-# fact KEY VALUE: recorded for the host in OUT/STEP.facts
-fact() { echo "$1=$2" >>"$OUT/$STEP.facts"; log "fact $1=$2"; }
-fail() { log "FAIL: $*"; exit 1; }
 boot_epoch() { date -d "$(uptime -s)" +%s; }
-
-# retry SECONDS CMD...: runs CMD every second until it succeeds.
-retry() {
-	local limit=$1 i
-	shift
-	for ((i = 0; i < limit; i++)); do
-		"$@" >/dev/null 2>&1 && return 0
-		sleep 1
-	done
-	"$@"
-}
 
 # uptime (seconds) at which an RFC 3339 timestamp of this boot happened.
 uptime_at() {
@@ -148,5 +131,24 @@ read_token() {
 		k exec "$1" -- dd if=/dev/xvda bs=32 count=1 2>/dev/null
 	else
 		k exec "$1" -- cat /data/token
+	fi
+}
+
+# same_token POD MODE TOKEN: "same" when the running pod reads TOKEN from
+# its volume, else what it reads.
+same_token() {
+	local got
+	got=$(read_token "$1" "$2")
+	if [ "$got" = "$3" ]; then echo same; else echo "different: [$got]"; fi
+}
+
+# found_same_token POD MODE TOKEN: same_token, once the pod's container
+# found TOKEN on its volume at start (so it did not write it anew).
+found_same_token() {
+	if found_token "$1" "$3"; then
+		same_token "$1" "$2" "$3"
+	else
+		k logs "$1" >&2
+		echo "not found at container start"
 	fi
 }

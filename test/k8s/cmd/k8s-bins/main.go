@@ -16,7 +16,7 @@ import (
 )
 
 func main() {
-	cache := flag.String("cache", bins.DefaultCache(), "cache root (env SPARSEVOL_K8S_CACHE)")
+	cache := flag.String("cache", bins.DefaultCache(), "cache root (default: k8s-bins under $SPARSEVOL_E2E_CACHE)")
 	nice := flag.Int("nice", 19, "niceness of the go builds (0: unchanged)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
