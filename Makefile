@@ -104,7 +104,7 @@ clean:
 	rm -rf bin
 
 # The VM reboot test (test/vm, see its README): builds a Debian image once
-# (cached under $${SPARSEVOL_E2E_CACHE:-/var/cache/sparsevol-e2e}), installs
+# (test/e2e/vmrun, cached under $${SPARSEVOL_E2E_CACHE:-/var/cache/sparsevol-e2e}), installs
 # this checkout into a copy with `make install DESTDIR=...` and boots it under
 # qemu (software emulation). Needs root, qemu-system-x86 and debootstrap.
 e2e:
@@ -112,8 +112,8 @@ e2e:
 
 # The Kubernetes end-to-end test (test/k8s, see its README): a one-node
 # cluster (kubelet, control plane and etcd built from their Go modules and
-# cached under $${SPARSEVOL_K8S_CACHE:-/var/cache/sparsevol-k8s}, containerd
-# from Debian) in a VM made from test/vm's image; pods on node-mode and CSI
+# cached under $${SPARSEVOL_E2E_CACHE:-/var/cache/sparsevol-e2e}/k8s-bins,
+# containerd from Debian) in a VM made from the shared base image (test/e2e/vmrun); pods on node-mode and CSI
 # volumes across a reboot. Needs root, qemu-system-x86 and debootstrap.
 .PHONY: e2e-k8s
 e2e-k8s:
