@@ -4,8 +4,6 @@ package vm
 
 import (
 	"embed"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -52,20 +50,11 @@ func suite(install bool) vmrun.Suite {
 		Install:  install,
 		Journals: []string{"sparsevol-boot.service"},
 		Prepare: func(t testing.TB, root string) error {
-			for _, f := range []struct {
-				src, dst string
-				mode     os.FileMode
-			}{
-				{"guest/kubelet.sh", "usr/local/lib/sparsevol-e2e/kubelet.sh", 0o755},
-				{"guest/kubelet.service", "etc/systemd/system/kubelet.service", 0o644},
-			} {
-				b, err := guestFiles.ReadFile(f.src)
-				if err != nil {
-					return err
-				}
-				if err := vmrun.WriteFile(filepath.Join(root, f.dst), b, f.mode); err != nil {
-					return err
-				}
+			if err := vmrun.InstallFiles(guestFiles, root,
+				vmrun.File{Src: "guest/kubelet.sh", Dst: "usr/local/lib/sparsevol-e2e/kubelet.sh", Mode: 0o755},
+				vmrun.File{Src: "guest/kubelet.service", Dst: "etc/systemd/system/kubelet.service", Mode: 0o644},
+			); err != nil {
+				return err
 			}
 			return vmrun.EnableUnits(root, "kubelet.service")
 		},

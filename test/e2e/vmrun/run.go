@@ -164,20 +164,11 @@ func (r *Run) prepareRoot(t testing.TB) error {
 				return err
 			}
 		}
-		for _, f := range []struct {
-			src, dst string
-			mode     os.FileMode
-		}{
-			{"guest/boot.sh", "usr/local/lib/sparsevol-e2e/boot.sh", 0o755},
-			{"guest/e2e-driver.service", "etc/systemd/system/e2e-driver.service", 0o644},
-		} {
-			b, err := guestLib.ReadFile(f.src)
-			if err != nil {
-				return err
-			}
-			if err := WriteFile(filepath.Join(mnt, f.dst), b, f.mode); err != nil {
-				return err
-			}
+		if err := InstallFiles(guestLib, mnt,
+			File{Src: "guest/boot.sh", Dst: "usr/local/lib/sparsevol-e2e/boot.sh", Mode: 0o755},
+			File{Src: "guest/e2e-driver.service", Dst: "etc/systemd/system/e2e-driver.service", Mode: 0o644},
+		); err != nil {
+			return err
 		}
 		if err := EnableUnits(mnt, "e2e-driver.service"); err != nil {
 			return err
@@ -204,6 +195,26 @@ func (r *Run) install(t testing.TB, mnt string) error {
 		}
 	}
 	Logf(t, "run: make install DESTDIR=<image>: %s", time.Since(t0).Round(100*time.Millisecond))
+	return nil
+}
+
+// File is a file of an fs.FS to install at Dst in a mounted image.
+type File struct {
+	Src, Dst string
+	Mode     os.FileMode
+}
+
+// InstallFiles copies files of fsys into the image mounted at root.
+func InstallFiles(fsys fs.FS, root string, files ...File) error {
+	for _, f := range files {
+		b, err := fs.ReadFile(fsys, f.Src)
+		if err != nil {
+			return err
+		}
+		if err := WriteFile(filepath.Join(root, f.Dst), b, f.Mode); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
