@@ -57,7 +57,6 @@ func (m Manager) dir() string {
 	return m.Dir
 }
 
-
 // shipped are the unit files Install writes, by name.
 var shipped = []struct{ name, text string }{
 	{TemplateName, systemdunit.Template},
