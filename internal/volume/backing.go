@@ -19,20 +19,12 @@ import (
 // any file of the host, a second link would keep the data alive after a
 // delete, and a mount over the name would be someone else's file.
 
-// dirID identifies the store directory as Open found it. Backing files
-// are looked up relative to a descriptor of it that each operation opens
-// (dirFD) and closes: a Store holds no descriptor between calls, so it
-// never keeps the store's filesystem from being unmounted.
+// dirID identifies the store directory as Open found it (openPrivate).
+// Backing files are looked up relative to a descriptor of it that each
+// operation opens (dirFD) and closes: a Store holds no descriptor between
+// calls, so it never keeps the store's filesystem from being unmounted.
 type dirID struct {
 	dev, ino uint64
-}
-
-func statStoreDir(root string) (dirID, error) {
-	var st unix.Stat_t
-	if err := unix.Stat(root, &st); err != nil {
-		return dirID{}, &os.PathError{Op: "stat", Path: root, Err: err}
-	}
-	return dirID{dev: st.Dev, ino: st.Ino}, nil
 }
 
 // dirFD opens the store directory (O_PATH) and checks it is still the one

@@ -98,15 +98,11 @@ func Open(root string, opts Options) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	names, err := openPrivate(abs, log)
+	names, dir, err := openPrivate(abs, log)
 	if err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(filepath.Join(abs, lockDir), 0o700); err != nil {
-		return nil, fmt.Errorf("open store %s: %w", abs, err)
-	}
-	dir, err := statStoreDir(abs)
-	if err != nil {
 		return nil, fmt.Errorf("open store %s: %w", abs, err)
 	}
 	s := &Store{root: abs, dir: dir, opts: opts, log: log, run: execRunner{}}
@@ -119,54 +115,55 @@ func Open(root string, opts Options) (*Store, error) {
 // directory is opened without following a final symbolic link, and what
 // is checked and changed is that open directory, so it cannot be swapped
 // between the check and the chmod.
-func openPrivate(dir string, log *slog.Logger) ([]string, error) {
+func openPrivate(dir string, log *slog.Logger) ([]string, dirID, error) {
 	f, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		// With O_DIRECTORY a symbolic link fails as ENOTDIR, not ELOOP.
 		if target, lerr := os.Readlink(dir); lerr == nil {
-			return nil, fmt.Errorf("open store %s: a symbolic link (to %q); give the directory itself: %w", dir, target, ErrInvalid)
+			return nil, dirID{}, fmt.Errorf("open store %s: a symbolic link (to %q); give the directory itself: %w", dir, target, ErrInvalid)
 		}
 	}
 	switch {
 	case errors.Is(err, unix.ENOTDIR):
-		return nil, fmt.Errorf("open store %s: not a directory: %w", dir, ErrInvalid)
+		return nil, dirID{}, fmt.Errorf("open store %s: not a directory: %w", dir, ErrInvalid)
 	case errors.Is(err, fs.ErrNotExist):
-		return nil, fmt.Errorf("open store %s: %w (create it with install -d -m 0700 %s): %w", dir, err, dir, ErrInvalid)
+		return nil, dirID{}, fmt.Errorf("open store %s: %w (create it with install -d -m 0700 %s): %w", dir, err, dir, ErrInvalid)
 	case err != nil:
-		return nil, fmt.Errorf("open store %s: %w: %w", dir, err, ErrInvalid)
+		return nil, dirID{}, fmt.Errorf("open store %s: %w: %w", dir, err, ErrInvalid)
 	}
 	defer f.Close()
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return nil, fmt.Errorf("open store %s: %w", dir, err)
+		return nil, dirID{}, fmt.Errorf("open store %s: %w", dir, err)
 	}
 	if st.Uid != 0 && int(st.Uid) != os.Geteuid() {
-		return nil, fmt.Errorf("open store %s: owned by uid %d, not by root or uid %d: its owner could replace volume files: %w",
+		return nil, dirID{}, fmt.Errorf("open store %s: owned by uid %d, not by root or uid %d: its owner could replace volume files: %w",
 			dir, st.Uid, os.Geteuid(), ErrInvalid)
 	}
 	if err := unix.Access(dir, unix.W_OK|unix.X_OK); err != nil {
-		return nil, fmt.Errorf("open store %s: not writable: %w", dir, ErrInvalid)
+		return nil, dirID{}, fmt.Errorf("open store %s: not writable: %w", dir, ErrInvalid)
 	}
+	id := dirID{dev: st.Dev, ino: st.Ino}
 	names, err := f.Readdirnames(-1)
 	if err != nil {
-		return nil, fmt.Errorf("open store %s: %w", dir, err)
+		return nil, dirID{}, fmt.Errorf("open store %s: %w", dir, err)
 	}
 	mode := st.Mode & 0o7777
 	if mode&0o077 == 0 {
-		return names, nil
+		return names, id, nil
 	}
 	for _, name := range names {
 		if !storeEntry(name) {
-			return nil, fmt.Errorf("open store %s: mode %04o lets other users in, and %q in it is not the store's, so it may be a shared directory: not changing it (chmod go= it, or give a directory of its own): %w",
+			return nil, dirID{}, fmt.Errorf("open store %s: mode %04o lets other users in, and %q in it is not the store's, so it may be a shared directory: not changing it (chmod go= it, or give a directory of its own): %w",
 				dir, mode, name, ErrInvalid)
 		}
 	}
 	private := mode &^ 0o077
 	if err := unix.Fchmod(int(f.Fd()), private); err != nil {
-		return nil, fmt.Errorf("open store %s: make it private: %w", dir, err)
+		return nil, dirID{}, fmt.Errorf("open store %s: make it private: %w", dir, err)
 	}
 	log.Warn("store directory was open to other users; made it private", "store", dir, "mode", fmt.Sprintf("%04o", mode), "now", fmt.Sprintf("%04o", private))
-	return names, nil
+	return names, id, nil
 }
 
 // storeEntry reports whether name is one the store itself makes: a
