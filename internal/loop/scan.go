@@ -60,6 +60,17 @@ func eachBound(fn func(n int, backingPath string) error) error {
 	return nil
 }
 
+// BoundCount is how many loop devices are bound, from one read of
+// /proc/partitions (see eachBound): what a caller sizing a batch needs,
+// without a look at each device.
+func BoundCount() (int, error) {
+	sized, err := sizedLoops()
+	if err != nil {
+		return 0, fmt.Errorf("count loop devices: %w", err)
+	}
+	return len(sized), nil
+}
+
 // sizedLoops lists the numbers of the loop devices /proc/partitions shows
 // (those with a non-zero size, which bound devices are; see eachBound).
 func sizedLoops() ([]int, error) {

@@ -361,8 +361,8 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 	// loop.Reserve). Every bound device counts as one of ours: a foreign
 	// one can only make this reserve too few; volumes that turn out not
 	// ready, too many (spare empty devices, as losetup leaves).
-	if scanned, err := loop.Scan(); err == nil && len(locked) > len(scanned) {
-		if _, err := loop.Reserve(len(locked) - len(scanned)); err != nil {
+	if bound, err := loop.BoundCount(); err == nil && len(locked) > bound {
+		if _, err := loop.Reserve(len(locked) - bound); err != nil {
 			s.log.Warn("reserving loop devices", "err", err) // the binds add their own
 		}
 	}
