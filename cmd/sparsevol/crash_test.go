@@ -163,32 +163,18 @@ func TestExpandStatesCLI(t *testing.T) {
 		}
 	}
 	crash()
-	tests := []struct {
-		args   []string
-		code   int
-		stdout []string
-	}{
-		{[]string{"list"}, 0, []string{"32Mi->48Mi", "expanding", "--abandon"}},
-		{[]string{"list", "-o", "json"}, 0, []string{`"state": "expanding"`, `"expandingTo": 50331648`}},
-		{[]string{"status", "v"}, 0, []string{"expanding", "Expanding to:", "48Mi", "backing file 50331648 bytes"}},
-		{[]string{"expand", "v", "--size", "40M"}, 2, nil},
-		{[]string{"expand", "v"}, 2, nil},
-		{[]string{"expand", "v", "--size", "48M", "--abandon"}, 2, nil},
-		{[]string{"expand", "v", "--abandon"}, 0, []string{"v\t32Mi"}},
-		{[]string{"status", "v"}, 0, []string{"ready", "32Mi"}},
-		{[]string{"expand", "v", "--abandon"}, 2, nil},
-	}
-	for _, tt := range tests {
-		r := sparsevol(t, root, nil, tt.args...)
-		if r.code != tt.code {
-			t.Errorf("sparsevol %v: exit %d, want %d; stderr %s", tt.args, r.code, tt.code, r.stderr)
-		}
-		for _, w := range tt.stdout {
-			if !strings.Contains(r.stdout, w) {
-				t.Errorf("sparsevol %v: stdout lacks %q:\n%s", tt.args, w, r.stdout)
-			}
-		}
-	}
+	runSteps(t, root, []cliStep{
+		{[]string{"list"}, 0, []string{"32Mi->48Mi", "expanding", "--abandon"}, nil, nil},
+		{[]string{"list", "-o", "json"}, 0, []string{`"state": "expanding"`, `"expandingTo": 50331648`}, nil, nil},
+		{[]string{"status", "v"}, 0, []string{"expanding", "Expanding to:", "48Mi", "backing file 50331648 bytes"}, nil, nil},
+		{[]string{"expand", "v", "--size", "40M"}, 2, nil, nil, nil},
+		{[]string{"expand", "v"}, 2, nil, nil, nil},
+		{[]string{"expand", "v", "--size", "48M", "--abandon"}, 2, nil, nil, nil},
+		{[]string{"expand", "v", "--abandon"}, 0, []string{"v\t32Mi"}, nil, nil},
+		{[]string{"status", "v"}, 0, []string{"ready", "32Mi"}, nil, nil},
+		{[]string{"expand", "v", "--abandon"}, 2, nil, nil, nil},
+	})
+
 	if got := file(); got != 32<<20 {
 		t.Errorf("backing file %d bytes after abandon, want %d", got, 32<<20)
 	}

@@ -481,3 +481,40 @@ func TestAttachCancelsDeferredDetach(t *testing.T) {
 	}
 	mustRun(t, root, "delete", "d")
 }
+
+// cliStep is one CLI call of a scripted test and what it must show: its
+// exit code, text its stdout and stderr must contain, and text stdout must
+// not contain.
+type cliStep struct {
+	args     []string
+	code     int
+	stdout   []string
+	stderr   []string
+	notInOut []string
+}
+
+// runSteps runs the steps in order against root, reporting every miss.
+func runSteps(t *testing.T, root string, steps []cliStep) {
+	t.Helper()
+	for _, st := range steps {
+		r := sparsevol(t, root, nil, st.args...)
+		if r.code != st.code {
+			t.Errorf("sparsevol %v: exit %d, want %d; stderr %s", st.args, r.code, st.code, r.stderr)
+		}
+		for _, w := range st.stdout {
+			if !strings.Contains(r.stdout, w) {
+				t.Errorf("sparsevol %v: stdout lacks %q:\n%s", st.args, w, r.stdout)
+			}
+		}
+		for _, w := range st.stderr {
+			if !strings.Contains(r.stderr, w) {
+				t.Errorf("sparsevol %v: stderr lacks %q:\n%s", st.args, w, r.stderr)
+			}
+		}
+		for _, w := range st.notInOut {
+			if strings.Contains(r.stdout, w) {
+				t.Errorf("sparsevol %v: stdout has %q:\n%s", st.args, w, r.stdout)
+			}
+		}
+	}
+}

@@ -29,13 +29,7 @@ func TestBrokenVolumeCLI(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	tests := []struct {
-		args     []string
-		code     int
-		stdout   []string // each must appear
-		stderr   []string
-		notInOut []string
-	}{
+	runSteps(t, root, []cliStep{
 		{[]string{"list"}, 0, []string{"good", bad + "  " + bad, "broken", meta, "unexpected end of JSON input", "sparsevol delete " + bad}, nil, nil},
 		{[]string{"list", "-o", "json"}, 0, []string{`"state": "broken"`, `"problem": "read metadata ` + meta}, nil, nil},
 		{[]string{"status", bad}, 0, []string{"State:", "broken", meta}, nil, nil},
@@ -47,28 +41,8 @@ func TestBrokenVolumeCLI(t *testing.T) {
 		{[]string{"delete", bad}, 0, nil, nil, nil},
 		{[]string{"list"}, 0, []string{"good", "other"}, nil, []string{bad, "broken"}},
 		{[]string{"delete", "good", "other"}, 0, nil, nil, nil},
-	}
-	for _, tt := range tests {
-		r := sparsevol(t, root, nil, tt.args...)
-		if r.code != tt.code {
-			t.Errorf("sparsevol %v: exit %d, want %d; stderr %s", tt.args, r.code, tt.code, r.stderr)
-		}
-		for _, w := range tt.stdout {
-			if !strings.Contains(r.stdout, w) {
-				t.Errorf("sparsevol %v: stdout lacks %q:\n%s", tt.args, w, r.stdout)
-			}
-		}
-		for _, w := range tt.stderr {
-			if !strings.Contains(r.stderr, w) {
-				t.Errorf("sparsevol %v: stderr lacks %q:\n%s", tt.args, w, r.stderr)
-			}
-		}
-		for _, w := range tt.notInOut {
-			if strings.Contains(r.stdout, w) {
-				t.Errorf("sparsevol %v: stdout has %q:\n%s", tt.args, w, r.stdout)
-			}
-		}
-	}
+	})
+
 	for _, p := range []string{meta, filepath.Join(root, bad)} {
 		if _, err := os.Lstat(p); !os.IsNotExist(err) {
 			t.Errorf("%s still there after delete (%v)", p, err)
