@@ -94,7 +94,7 @@ next to csi-provisioner --node-deployment (see deploy/kubernetes).`,
 	f.StringVar(&endpoint, CSIFlagEndpoint, "unix:///csi/csi.sock", "CSI endpoint (unix socket)")
 	f.StringVar(&nodeID, CSIFlagNodeID, "", "this node's name, as Kubernetes knows it (required)")
 	f.StringVar(&driverName, CSIFlagDriverName, csi.DefaultDriverName, "CSI driver name")
-	f.StringVar(&metricsAddr, CSIFlagMetrics, "", "serve Prometheus metrics on this address (e.g. :9808); empty: off")
+	f.StringVar(&metricsAddr, CSIFlagMetrics, "", "serve Prometheus metrics (/metrics) and health (/healthz: a Probe through the CSI socket) on this address (e.g. :9808); empty: off")
 	f.Int64Var(&maxVolumes, CSIFlagMaxVolumes, 0, "volumes this node may hold, reported to the scheduler; 0: no limit")
 	f.StringVar(&logLevel, CSIFlagLogLevel, "info", "log level: debug, info, warn, error")
 	f.StringVar(&sockGroup, CSIFlagSocketGroup, "",

@@ -28,7 +28,8 @@ type PluginConfig struct {
 	// as kubelet sees it (default: Socket).
 	Registration    string
 	KubeletEndpoint string
-	// MetricsAddress, if set, serves Prometheus metrics on it.
+	// MetricsAddress, if set, serves Prometheus metrics (/metrics) and the
+	// plugin's health (/healthz, a Probe through Socket) on it.
 	MetricsAddress string
 	Logger         *slog.Logger
 }
@@ -98,7 +99,10 @@ func Run(ctx context.Context, cfg PluginConfig) error {
 		servers = append(servers, func() error { return reg.Serve(ctx, rl) })
 	}
 	if cfg.MetricsAddress != "" {
-		servers = append(servers, func() error { return ServeMetrics(ctx, cfg.MetricsAddress, drvCfg.Metrics, log) })
+		// /healthz asks the plugin through its own socket, as the
+		// livenessprobe sidecar would.
+		health := SocketProbe(cfg.Socket)
+		servers = append(servers, func() error { return ServeMetrics(ctx, cfg.MetricsAddress, drvCfg.Metrics, health, log) })
 	}
 	errc := make(chan error, len(servers))
 	for _, serve := range servers {

@@ -82,15 +82,24 @@ func (d *Driver) Serve(ctx context.Context, l net.Listener) error {
 	return nil
 }
 
-// ServeMetrics serves /metrics on addr until ctx ends.
-func ServeMetrics(ctx context.Context, addr string, m *Metrics, log *slog.Logger) error {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
-	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+// ServeMetrics serves /metrics, and /healthz (health, if not nil) on addr
+// until ctx ends.
+func ServeMetrics(ctx context.Context, addr string, m *Metrics, health HealthCheck, log *slog.Logger) error {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("metrics: listen %s: %w", addr, err)
 	}
+	return serveHTTP(ctx, l, m, health, log)
+}
+
+// serveHTTP serves ServeMetrics' handlers on l until ctx ends; it closes l.
+func serveHTTP(ctx context.Context, l net.Listener, m *Metrics, health HealthCheck, log *slog.Logger) error {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	if health != nil {
+		mux.Handle("/healthz", healthHandler(health, log))
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()
 		shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
