@@ -1,6 +1,7 @@
 // Package kubernetes holds the Kubernetes manifests of the CSI driver; its
-// test proves they decode strictly and agree with each other and with the
-// flags of the binary they run.
+// test proves that kustomization.yaml lists them all, that they decode
+// strictly and agree with each other and with the flags of the binary they
+// run.
 package kubernetes
 
 import (
@@ -25,6 +26,7 @@ import (
 
 	"github.com/sparsevol/sparsevol/internal/cli"
 	"github.com/sparsevol/sparsevol/internal/csi"
+	"github.com/sparsevol/sparsevol/internal/kubelet"
 )
 
 // manifests is every object of every YAML file here, decoded strictly.
@@ -37,16 +39,45 @@ type manifests struct {
 	roleBindings        []*rbacv1.RoleBinding
 	drivers             []*storagev1.CSIDriver
 	daemonSets          []*appsv1.DaemonSet
+	services            []*corev1.Service
 	storageClasses      []*storagev1.StorageClass
+	kustomization       kustomization
 }
 
+// kustomization is the part of kustomization.yaml this test reads.
+type kustomization struct {
+	APIVersion string   `json:"apiVersion"`
+	Kind       string   `json:"kind"`
+	Resources  []string `json:"resources"`
+	Images     []struct {
+		Name    string `json:"name"`
+		NewName string `json:"newName,omitempty"`
+		NewTag  string `json:"newTag,omitempty"`
+	} `json:"images"`
+}
+
+// load decodes the files kustomization.yaml lists; every other YAML file
+// here must be one of them.
 func load(t *testing.T) *manifests {
 	t.Helper()
-	files, err := filepath.Glob("*.yaml")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no manifests: %v", err)
-	}
 	m := &manifests{}
+	data, err := os.ReadFile("kustomization.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.UnmarshalStrict(data, &m.kustomization); err != nil {
+		t.Fatalf("kustomization.yaml: %v", err)
+	}
+	files := m.kustomization.Resources
+	all, err := filepath.Glob("*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range all {
+		if f != "kustomization.yaml" && !slices.Contains(files, f) {
+			t.Errorf("%s is not in kustomization.yaml's resources: `kubectl apply -k` would leave it out", f)
+		}
+	}
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
@@ -82,6 +113,8 @@ func load(t *testing.T) *manifests {
 				obj = appendNew(&m.drivers)
 			case "apps/v1 DaemonSet":
 				obj = appendNew(&m.daemonSets)
+			case "v1 Service":
+				obj = appendNew(&m.services)
 			case "storage.k8s.io/v1 StorageClass":
 				obj = appendNew(&m.storageClasses)
 			default:
@@ -128,7 +161,7 @@ func TestManifests(t *testing.T) {
 
 	t.Run("namespaces and RBAC agree", func(t *testing.T) {
 		for what, got := range map[string]string{
-			"ServiceAccount": sa.Namespace, "DaemonSet": ds.Namespace,
+			"ServiceAccount": sa.Namespace, "DaemonSet": ds.Namespace, "Service": one(t, "Service", m.services).Namespace,
 			"Role": one(t, "Role", m.roles).Namespace, "RoleBinding": one(t, "RoleBinding", m.roleBindings).Namespace,
 		} {
 			if got != ns {
@@ -153,8 +186,18 @@ func TestManifests(t *testing.T) {
 		if !grants(m.roles[0].Rules, "storage.k8s.io", "csistoragecapacities", "create") {
 			t.Error("the Role does not let the provisioner publish CSIStorageCapacity")
 		}
-		if !grants(m.clusterRoles[0].Rules, "", "persistentvolumes", "create") || !grants(m.clusterRoles[0].Rules, "", "persistentvolumeclaims/status", "patch") {
-			t.Error("the ClusterRole misses what the provisioner or resizer need")
+		// What each sidecar needs to start and work (its informers and
+		// writes), from their own deploy/kubernetes/rbac.yaml.
+		for _, need := range []struct{ group, resource, verb string }{
+			{"", "persistentvolumes", "create"}, {"", "persistentvolumes", "patch"}, {"", "persistentvolumes", "watch"},
+			{"", "persistentvolumeclaims", "watch"}, {"", "persistentvolumeclaims/status", "patch"},
+			{"", "pods", "list"}, {"", "pods", "watch"}, // csi-resizer's pod informer
+			{"", "events", "create"}, {"", "nodes", "get"}, {"storage.k8s.io", "csinodes", "watch"},
+			{"storage.k8s.io", "storageclasses", "watch"}, {"storage.k8s.io", "volumeattributesclasses", "watch"},
+		} {
+			if !grants(m.clusterRoles[0].Rules, need.group, need.resource, need.verb) {
+				t.Errorf("the ClusterRole does not grant %s on %s", need.verb, need.resource)
+			}
 		}
 	})
 
@@ -171,15 +214,24 @@ func TestManifests(t *testing.T) {
 	})
 
 	t.Run("StorageClasses", func(t *testing.T) {
-		defaults := 0
 		names := map[string]bool{}
 		for _, sc := range m.storageClasses {
 			names[sc.Name] = true
-			if sc.Provisioner != driver.Name {
-				t.Errorf("StorageClass %s: provisioner %q, want %q", sc.Name, sc.Provisioner, driver.Name)
+			if v, ok := sc.Annotations["storageclass.kubernetes.io/is-default-class"]; ok {
+				t.Errorf("StorageClass %s: is-default-class %q; none is the default unless asked (a cluster with a default would have two)", sc.Name, v)
 			}
 			if sc.VolumeBindingMode == nil || *sc.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer {
 				t.Errorf("StorageClass %s: volumes must be bound on the pod's node (WaitForFirstConsumer)", sc.Name)
+			}
+			if sc.Name == cli.PVStorageClass {
+				// `sparsevol pv` volumes: made on the node, never provisioned.
+				if sc.Provisioner != "kubernetes.io/no-provisioner" {
+					t.Errorf("StorageClass %s: provisioner %q, want kubernetes.io/no-provisioner", sc.Name, sc.Provisioner)
+				}
+				continue
+			}
+			if sc.Provisioner != driver.Name {
+				t.Errorf("StorageClass %s: provisioner %q, want %q", sc.Name, sc.Provisioner, driver.Name)
 			}
 			if sc.AllowVolumeExpansion == nil || !*sc.AllowVolumeExpansion {
 				t.Errorf("StorageClass %s: allowVolumeExpansion must be true", sc.Name)
@@ -187,17 +239,8 @@ func TestManifests(t *testing.T) {
 			if err := csi.ValidateParameters(sc.Parameters); err != nil {
 				t.Errorf("StorageClass %s: the driver would refuse its parameters: %v", sc.Name, err)
 			}
-			if sc.Annotations["storageclass.kubernetes.io/is-default-class"] == "true" {
-				defaults++
-				if fs := sc.Parameters[csi.FSTypeParameter]; fs != "ext4" || sc.Parameters[csi.ParamProvisioning] == "thick" {
-					t.Errorf("default StorageClass %s is not thin ext4", sc.Name)
-				}
-			}
 		}
-		if defaults != 1 {
-			t.Errorf("%d default StorageClasses, want 1", defaults)
-		}
-		for _, want := range []string{"sparsevol-ext4", "sparsevol-xfs", "sparsevol-block", "sparsevol-thick"} {
+		for _, want := range []string{"sparsevol-ext4", "sparsevol-xfs", "sparsevol-block", "sparsevol-thick", cli.PVStorageClass} {
 			if !names[want] {
 				t.Errorf("StorageClass %s is missing", want)
 			}
@@ -205,6 +248,8 @@ func TestManifests(t *testing.T) {
 	})
 
 	t.Run("DaemonSet", func(t *testing.T) { checkDaemonSet(t, ds, driver.Name) })
+	t.Run("metrics Service", func(t *testing.T) { checkService(t, one(t, "Service", m.services), ds) })
+	t.Run("kustomize images", func(t *testing.T) { checkImages(t, m.kustomization, ds) })
 	t.Run("Dockerfile", func(t *testing.T) { checkDockerfile(t, ds) })
 }
 
@@ -330,9 +375,16 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, driverName string) {
 	if want := "/var/lib/kubelet/plugins/" + driverName; socketHostDir != want {
 		t.Errorf("socket directory on the host is %s, want %s", socketHostDir, want)
 	}
-	for _, name := range []string{"csi-provisioner", "csi-resizer", "node-driver-registrar", "livenessprobe"} {
+	// The sidecars: one container each, nothing the binary does itself.
+	sidecars := []string{"csi-provisioner", "csi-resizer"}
+	for _, c := range ds.Spec.Template.Spec.Containers {
+		if c.Name != plugin.Name && !slices.Contains(sidecars, c.Name) {
+			t.Errorf("container %s: the plugin registers with kubelet and answers /healthz itself; only %q run beside it", c.Name, sidecars)
+		}
+	}
+	for _, name := range sidecars {
 		c := container(t, ds, name)
-		if !strings.HasPrefix(c.Image, "registry.k8s.io/sig-storage/"+name+":v") && !(name == "node-driver-registrar" && strings.HasPrefix(c.Image, "registry.k8s.io/sig-storage/csi-node-driver-registrar:v")) {
+		if !strings.HasPrefix(c.Image, "registry.k8s.io/sig-storage/"+name+":v") {
 			t.Errorf("%s image %q is not a pinned registry.k8s.io/sig-storage release", name, c.Image)
 		}
 		addr, ok := flagValue(c.Args, "csi-address")
@@ -347,12 +399,22 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, driverName string) {
 			t.Errorf("%s sees the socket directory %s, the plugin %s", name, hostDir, socketHostDir)
 		}
 	}
-	reg := container(t, ds, "node-driver-registrar")
-	if got, _ := flagValue(reg.Args, "kubelet-registration-path"); got != path.Join(socketHostDir, path.Base(socket)) {
-		t.Errorf("registrar announces %s to kubelet, the socket is %s on the host", got, path.Join(socketHostDir, path.Base(socket)))
+	if got := container(t, ds, "csi-provisioner").Image; !strings.HasSuffix(got, ":v6.4.0") {
+		t.Errorf("csi-provisioner %s; the tests prove v6.4.0", got)
 	}
-	if hostDir, _ := mountOf(t, ds, reg, "/registration"); hostDir != "/var/lib/kubelet/plugins_registry" {
-		t.Errorf("registrar's /registration is %s on the host", hostDir)
+
+	// Native registration: the registration socket in kubelet's plugin
+	// registry, which the kubelet directory mount brings in, and the CSI
+	// socket announced at its host path.
+	if got := get(cli.CSIFlagKubeletEndpoint); got != path.Join(socketHostDir, path.Base(socket)) {
+		t.Errorf("--%s %s: kubelet finds the socket at %s on the host", cli.CSIFlagKubeletEndpoint, got, path.Join(socketHostDir, path.Base(socket)))
+	}
+	registry := path.Clean(get(cli.CSIFlagKubeletRegistration))
+	if registry != kubelet.DefaultRegistrationDir {
+		t.Errorf("--%s %s, kubelet watches %s", cli.CSIFlagKubeletRegistration, registry, kubelet.DefaultRegistrationDir)
+	}
+	if !strings.HasPrefix(registry+"/", get(cli.CSIFlagKubeletDir)+"/") {
+		t.Errorf("registration directory %s is not below the mounted kubelet directory", registry)
 	}
 
 	// Kubelet's directory at the same path, with mounts propagating back;
@@ -370,14 +432,13 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, driverName string) {
 		t.Errorf("the store --root %s is %s on the host; node mode and CSI mode must share one store path", root, storeHost)
 	}
 
-	// Health and metrics ports.
-	lp := container(t, ds, "livenessprobe")
-	endpoint, _ := flagValue(lp.Args, "http-endpoint")
+	// Health and metrics: one port, served by the plugin (--metrics-address).
 	if plugin.LivenessProbe == nil || plugin.LivenessProbe.HTTPGet == nil {
 		t.Fatal("the plugin container has no HTTP liveness probe")
 	}
-	if port := containerPort(t, plugin, plugin.LivenessProbe.HTTPGet.Port.String()); port != portOf(t, endpoint) {
-		t.Errorf("liveness probe checks port %d, livenessprobe serves %s", port, endpoint)
+	probe := plugin.LivenessProbe.HTTPGet
+	if port := containerPort(t, plugin, probe.Port.String()); port != portOf(t, get(cli.CSIFlagMetrics)) || probe.Path != "/healthz" {
+		t.Errorf("liveness probe checks %s on port %d, the plugin serves /healthz on %s", probe.Path, port, get(cli.CSIFlagMetrics))
 	}
 	if port := containerPort(t, plugin, "metrics"); port != portOf(t, get(cli.CSIFlagMetrics)) {
 		t.Errorf("metrics port %d, plugin serves metrics on %s", port, get(cli.CSIFlagMetrics))
@@ -393,6 +454,45 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, driverName string) {
 		if !fieldRefEnv(prov, env, field) {
 			t.Errorf("csi-provisioner needs %s from %s", env, field)
 		}
+	}
+}
+
+func checkService(t *testing.T, svc *corev1.Service, ds *appsv1.DaemonSet) {
+	labels := ds.Spec.Template.Labels
+	if len(svc.Spec.Selector) == 0 {
+		t.Fatal("the metrics Service selects nothing")
+	}
+	for k, v := range svc.Spec.Selector {
+		if labels[k] != v {
+			t.Errorf("the metrics Service selects %s=%s, the plugin pods are %v", k, v, labels)
+		}
+	}
+	plugin := container(t, ds, "sparsevol")
+	for _, p := range svc.Spec.Ports {
+		containerPort(t, plugin, p.TargetPort.String())
+	}
+}
+
+// checkImages: kustomization.yaml's images name the DaemonSet's images
+// with the same tags, so `images:` in an overlay replaces them.
+func checkImages(t *testing.T, k kustomization, ds *appsv1.DaemonSet) {
+	used := map[string]string{}
+	for _, c := range ds.Spec.Template.Spec.Containers {
+		name, tag, _ := strings.Cut(c.Image, ":")
+		used[name] = tag
+	}
+	for _, img := range k.Images {
+		tag, ok := used[img.Name]
+		if !ok {
+			t.Errorf("kustomization image %s: no container runs it", img.Name)
+		}
+		if img.NewName != "" || img.NewTag != tag {
+			t.Errorf("kustomization image %s: newName %q newTag %q, the DaemonSet has tag %q; keep the base as shipped", img.Name, img.NewName, img.NewTag, tag)
+		}
+		delete(used, img.Name)
+	}
+	for name := range used {
+		t.Errorf("image %s is not in kustomization.yaml's images", name)
 	}
 }
 

@@ -185,11 +185,16 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
+// PVStorageClass is the storageClassName `sparsevol pv` gives by default:
+// deploy/kubernetes ships it (no provisioner, WaitForFirstConsumer).
+const PVStorageClass = "sparsevol-local"
+
 func newPVCommand(g *globals) *cobra.Command {
 	var storageClass, node, name string
 	cmd := &cobra.Command{
 		Use:     "pv VOLUME [--storage-class SC] [--node NODE]",
-		Example: `  sparsevol pv data --storage-class local > data-pv.yaml && kubectl apply -f data-pv.yaml`,
+		Example: `  sparsevol pv data > data-pv.yaml && kubectl apply -f data-pv.yaml
+  sparsevol pv data --storage-class local --name data-on-node1`,
 		Short:   "Print a local PersistentVolume for a volume (node mode, static PVs)",
 		Long: `Print a 'local' PersistentVolume whose path is the volume's stable path
 (/dev/disk/by-uuid/<uuid>, /dev/disk/by-partuuid/<uuid>, or /dev/sparsevol/<uuid>
@@ -224,7 +229,7 @@ for whole raw volumes), pinned to this node with nodeAffinity.`,
 			return err
 		},
 	}
-	cmd.Flags().StringVar(&storageClass, "storage-class", "sparsevol-local", "storageClassName of the PV (empty: none)")
+	cmd.Flags().StringVar(&storageClass, "storage-class", PVStorageClass, "storageClassName of the PV (empty: none)")
 	cmd.Flags().StringVar(&node, "node", "", "node name for nodeAffinity (default: this host's name)")
 	cmd.Flags().StringVar(&name, "name", "", "PV name (default: the volume name if it is a valid name, else sparsevol-<uuid>)")
 	return cmd
