@@ -67,12 +67,12 @@ func TestKubernetes(t *testing.T) {
 		t.Fatalf("binaries: %v", err)
 	}
 	if res.Cached {
-		fig("binaries: cached in %s", res.Dir)
+		fig("binaries: cached")
 	} else {
-		fig("binaries: built in %s (%s)", res.Elapsed.Round(time.Second), res.Dir)
+		fig("binaries: built in %s", res.Elapsed.Round(time.Second))
 	}
 	// 3. This run's root disk.
-	r := vmrun.NewRun(t, cfg, img, suite(cfg, res.Path("bin")))
+	r := vmrun.NewRun(t, cfg, img, suite(cfg, res))
 	defer r.Close(t)
 
 	for _, b := range plan() {
@@ -171,13 +171,13 @@ func TestKubernetes(t *testing.T) {
 // suite is what test/k8s adds to a run: sparsevol and the node (binaries,
 // PKI, configuration, images, units) installed, and the journals of the
 // node's services saved at the end of every boot, the plugin's first.
-func suite(cfg vmrun.Config, binDir string) vmrun.Suite {
+func suite(cfg vmrun.Config, bin bins.Result) vmrun.Suite {
 	return vmrun.Suite{
 		Name:    "k8s",
 		Guest:   guestFiles,
 		Install: true,
 		Prepare: func(t testing.TB, root string) error {
-			if err := installNode(root, binDir); err != nil {
+			if err := installNode(root, bin); err != nil {
 				return err
 			}
 			// The project's own CSIDriver and StorageClasses.

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/sparsevol/sparsevol/test/e2e/vmrun"
+	"github.com/sparsevol/sparsevol/test/k8s/bins"
 	"github.com/sparsevol/sparsevol/test/k8s/oci"
 )
 
@@ -42,10 +43,10 @@ var nodeUnits = []string{
 // installNode writes into the mounted root image everything that makes it a
 // one-node cluster: binaries, PKI, kubeconfig, kubelet and CNI config,
 // images, units.
-func installNode(mnt, binDir string) error {
+func installNode(mnt string, bin bins.Result) error {
 	// Binaries.
-	for _, b := range []string{"kubelet", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "etcd", "csi-provisioner"} {
-		if err := vmrun.CopyFile(filepath.Join(binDir, b), filepath.Join(mnt, "usr/local/bin", b), 0o755); err != nil {
+	for _, b := range bins.Names {
+		if err := vmrun.CopyFile(bin.Path(b), filepath.Join(mnt, "usr/local/bin", b), 0o755); err != nil {
 			return err
 		}
 	}

@@ -1,8 +1,9 @@
 // Package bins builds, and caches, the Kubernetes binaries the one-node
 // cluster of the k8s end-to-end test runs: kubelet, kube-apiserver,
 // kube-controller-manager, kube-scheduler and kubectl from the
-// k8s.io/kubernetes module, etcd from its own module, and the CSI
-// external-provisioner.
+// k8s.io/kubernetes module, etcd from its own module, the CSI
+// external-provisioner, and snapshot-controller and csi-snapshotter with the
+// snapshot CRDs from external-snapshotter.
 //
 // Each group is built in a throwaway wrapper module, because the Go module
 // proxy serves sources, not binaries, and because a module's replace
@@ -12,9 +13,12 @@
 // v0.<minor>.<patch>`). etcd lives in a wrapper of its own; in one module
 // with Kubernetes, minimal version selection breaks one or the other.
 //
-// Outputs land in <cache>/<key>/, key = hash of the versions and of this
-// recipe. A build goes to <key>.partial and is renamed when complete, under
-// an flock of <cache>/.lock, so concurrent runs build once.
+// Each group is cached on its own: its outputs land in <cache>/<group>-<key>/
+// (binaries under bin/, files taken from modules under files/), key = hash
+// of the group (modules, versions, packages, flags) and of this recipe, so a
+// new or changed group builds only itself. A build goes to <dir>.partial and
+// is renamed when complete, under an flock of <cache>/.lock, so concurrent
+// runs build once.
 package bins
 
 import (
@@ -31,6 +35,7 @@ import (
 	"path"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -44,13 +49,14 @@ const (
 	KubernetesVersion  = "v1.37.2"
 	EtcdVersion        = "v3.6.5"
 	ProvisionerVersion = "v6.4.0"
+	SnapshotterVersion = "v8.7.0"
 	recipe             = "v1"
 )
 
-// The binaries a complete cache directory holds.
+// Names of all binaries Ensure provides.
 var Names = []string{
 	"kubelet", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
-	"kubectl", "etcd", "csi-provisioner",
+	"kubectl", "etcd", "csi-provisioner", "snapshot-controller", "csi-snapshotter",
 }
 
 // buildFlags and buildEnv are part of the recipe.
@@ -70,6 +76,17 @@ type group struct {
 	// Kubernetes staging modules) into a module version; nil keeps only
 	// versioned replaces.
 	staging func(mod string) string
+	// files are copied out of a module of the build list: output name
+	// under files/ -> module@version and a glob inside it.
+	files []moduleFiles
+}
+
+// moduleFiles names files to take from a module's source, e.g. CRDs.
+type moduleFiles struct {
+	dir     string // output directory under files/
+	module  string // module path
+	version string
+	glob    string // inside the module
 }
 
 func groups() []group {
@@ -114,23 +131,52 @@ func groups() []group {
 			},
 			ldflags: "-X main.version=" + ProvisionerVersion,
 		},
+		{
+			name:    "snapshotter",
+			root:    "github.com/kubernetes-csi/external-snapshotter/v8",
+			version: SnapshotterVersion,
+			pkgs: map[string]string{
+				"snapshot-controller": "github.com/kubernetes-csi/external-snapshotter/v8/cmd/snapshot-controller",
+				"csi-snapshotter":     "github.com/kubernetes-csi/external-snapshotter/v8/cmd/csi-snapshotter",
+			},
+			ldflags: "-X main.version=" + SnapshotterVersion,
+			// The root replaces its client module with ./client; the
+			// client is its own module, released with the same version.
+			staging: func(mod string) string { return mod + " " + SnapshotterVersion },
+			files: []moduleFiles{{
+				dir:     "crd",
+				module:  "github.com/kubernetes-csi/external-snapshotter/client/v8",
+				version: SnapshotterVersion,
+				glob:    "config/crd/*.storage.k8s.io_*.yaml",
+			}},
+		},
 	}
 }
 
-// Key names the cache directory: a hash of the recipe version, the Go
-// toolchain, the build flags and every group (module, version, packages,
-// linker flags). Bump recipe when the build changes in another way.
-func Key() string {
+// Key names a group's cache directory: a hash of the recipe version, the Go
+// toolchain, the build flags and the group (modules, versions, packages,
+// linker flags, files). Bump recipe when the build changes in another way.
+func (g group) Key() string {
 	h := sha256.New()
 	fmt.Fprintf(h, "recipe %s\ngo %s %s/%s\nflags %s\nenv %s\n", recipe, runtime.Version(), runtime.GOOS, runtime.GOARCH,
 		strings.Join(buildFlags, " "), strings.Join(buildEnv, " "))
-	for _, g := range groups() {
-		fmt.Fprintf(h, "group %s %s@%s ldflags %q staging %v\n", g.name, g.root, g.version, g.ldflags, g.staging != nil)
-		for _, n := range sortedKeys(g.pkgs) {
-			fmt.Fprintf(h, "  %s %s\n", n, g.pkgs[n])
-		}
+	fmt.Fprintf(h, "group %s %s@%s ldflags %q staging %v\n", g.name, g.root, g.version, g.ldflags, g.staging != nil)
+	for _, n := range sortedKeys(g.pkgs) {
+		fmt.Fprintf(h, "  %s %s\n", n, g.pkgs[n])
+	}
+	for _, f := range g.files {
+		fmt.Fprintf(h, "  files %s %s@%s %s\n", f.dir, f.module, f.version, f.glob)
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// Dirs maps each group to its cache directory name, <group>-<key>.
+func Dirs() map[string]string {
+	m := map[string]string{}
+	for _, g := range groups() {
+		m[g.name] = g.name + "-" + g.Key()
+	}
+	return m
 }
 
 // DefaultCache is k8s-bins under the end-to-end cache root
@@ -147,17 +193,40 @@ type Options struct {
 
 // Result of Ensure.
 type Result struct {
-	Dir     string                   // directory holding the binaries
-	Cached  bool                     // the cache was complete already
+	Dirs    map[string]string        // group -> its cache directory
+	Cached  bool                     // every group was complete already
 	Elapsed time.Duration            // total time of this call
-	Steps   map[string]time.Duration // per step, when built
+	Steps   map[string]time.Duration // per step, of the groups built
+	paths   map[string]string        // binary name -> path
 }
 
-// Path of one binary in the result directory.
-func (r Result) Path(name string) string { return filepath.Join(r.Dir, name) }
+// Path of one binary (one of Names); "" for an unknown name.
+func (r Result) Path(name string) string { return r.paths[name] }
 
-// Ensure returns the cache directory of the current key, building whatever is
-// missing first.
+// Files taken from modules into directory dir (as "crd"), sorted by name.
+func (r Result) Files(dir string) ([]string, error) {
+	var out []string
+	for _, g := range groups() {
+		for _, f := range g.files {
+			if f.dir != dir {
+				continue
+			}
+			m, err := filepath.Glob(filepath.Join(r.Dirs[g.name], "files", dir, "*"))
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, m...)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("bins: no files under %q", dir)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// Ensure returns the cache directories of every group, building whatever
+// group is missing first.
 func Ensure(ctx context.Context, o Options) (Result, error) {
 	start := time.Now()
 	if o.Cache == "" {
@@ -172,8 +241,7 @@ func Ensure(ctx context.Context, o Options) (Result, error) {
 			o.Go = "/usr/local/go/bin/go"
 		}
 	}
-	dir := filepath.Join(o.Cache, Key())
-	res := Result{Dir: dir, Steps: map[string]time.Duration{}}
+	res := Result{Dirs: map[string]string{}, Steps: map[string]time.Duration{}, paths: map[string]string{}, Cached: true}
 	if err := os.MkdirAll(o.Cache, 0o755); err != nil {
 		return res, err
 	}
@@ -187,56 +255,76 @@ func Ensure(ctx context.Context, o Options) (Result, error) {
 	}
 	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
 
-	if complete(dir) {
-		res.Cached = true
-		res.Elapsed = time.Since(start)
-		return res, nil
-	}
-	tmp := dir + ".partial"
-	// A partial directory keeps finished groups (and the module cache keeps
-	// downloads), so an interrupted build resumes.
-	if err := os.MkdirAll(filepath.Join(tmp, "bin"), 0o755); err != nil {
-		return res, err
-	}
-	logPath := filepath.Join(tmp, "build.log")
-	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return res, err
-	}
-	defer logFile.Close()
-
-	b := &builder{o: o, tmp: tmp, log: logFile, logPath: logPath, steps: res.Steps}
 	for _, g := range groups() {
-		if err := b.build(ctx, g); err != nil {
-			res.Elapsed = time.Since(start)
-			return res, err
+		dir := filepath.Join(o.Cache, Dirs()[g.name])
+		res.Dirs[g.name] = dir
+		for n := range g.pkgs {
+			res.paths[n] = filepath.Join(dir, "bin", n)
 		}
-	}
-	manifest := fmt.Sprintf("key %s\nkubernetes %s\netcd %s\nprovisioner %s\ngo %s\nbuilt %s in %s\n",
-		Key(), KubernetesVersion, EtcdVersion, ProvisionerVersion, runtime.Version(),
-		time.Now().UTC().Format(time.RFC3339), time.Since(start).Round(time.Second))
-	for _, s := range sortedKeys(res.Steps) {
-		manifest += fmt.Sprintf("step %s %s\n", s, res.Steps[s].Round(time.Second))
-	}
-	if err := os.WriteFile(filepath.Join(tmp, "complete"), []byte(manifest), 0o644); err != nil {
-		return res, err
-	}
-	os.RemoveAll(filepath.Join(tmp, "work"))
-	os.RemoveAll(dir)
-	if err := os.Rename(tmp, dir); err != nil {
-		return res, err
+		if complete(dir, g) {
+			continue
+		}
+		res.Cached = false
+		if err := ensureGroup(ctx, o, g, dir, res.Steps); err != nil {
+			res.Elapsed = time.Since(start)
+			return res, fmt.Errorf("bins: %s: %w", g.name, err)
+		}
 	}
 	res.Elapsed = time.Since(start)
 	return res, nil
 }
 
-// Dir of a complete cache directory holds the binaries under bin/.
-func complete(dir string) bool {
+// ensureGroup builds one group into dir.partial and renames it to dir when
+// complete. A partial directory keeps finished binaries (and the module
+// cache keeps downloads), so an interrupted build resumes.
+func ensureGroup(ctx context.Context, o Options, g group, dir string, steps map[string]time.Duration) error {
+	start := time.Now()
+	tmp := dir + ".partial"
+	if err := os.MkdirAll(filepath.Join(tmp, "bin"), 0o755); err != nil {
+		return err
+	}
+	logPath := filepath.Join(tmp, "build.log")
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+
+	b := &builder{o: o, tmp: tmp, log: logFile, logPath: logPath, steps: map[string]time.Duration{}}
+	if err := b.build(ctx, g); err != nil {
+		return err
+	}
+	if err := b.copyFiles(ctx, g); err != nil {
+		return err
+	}
+	manifest := fmt.Sprintf("key %s\ngroup %s %s@%s\ngo %s\nbuilt %s in %s\n",
+		g.Key(), g.name, g.root, g.version, runtime.Version(),
+		time.Now().UTC().Format(time.RFC3339), time.Since(start).Round(time.Second))
+	for _, s := range sortedKeys(b.steps) {
+		manifest += fmt.Sprintf("step %s %s\n", s, b.steps[s].Round(time.Second))
+		steps[s] = b.steps[s]
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "complete"), []byte(manifest), 0o644); err != nil {
+		return err
+	}
+	os.RemoveAll(filepath.Join(tmp, "work"))
+	os.RemoveAll(dir)
+	return os.Rename(tmp, dir)
+}
+
+// complete: dir holds the group's manifest, every binary under bin/ and
+// every files directory under files/.
+func complete(dir string, g group) bool {
 	if _, err := os.Stat(filepath.Join(dir, "complete")); err != nil {
 		return false
 	}
-	for _, n := range Names {
+	for n := range g.pkgs {
 		if _, err := os.Stat(filepath.Join(dir, "bin", n)); err != nil {
+			return false
+		}
+	}
+	for _, f := range g.files {
+		if m, _ := filepath.Glob(filepath.Join(dir, "files", f.dir, "*")); len(m) == 0 {
 			return false
 		}
 	}
@@ -270,11 +358,11 @@ func (b *builder) build(ctx context.Context, g group) error {
 	t0 := time.Now()
 	out, err := b.goOut(ctx, work, "mod", "download", "-json", g.root+"@"+g.version)
 	if err != nil {
-		return fmt.Errorf("%s: %w", g.name, err)
+		return err
 	}
 	gomod := jsonField(out, "GoMod")
 	if gomod == "" {
-		return fmt.Errorf("%s: go mod download printed no GoMod: %s", g.name, out)
+		return fmt.Errorf("go mod download printed no GoMod: %s", out)
 	}
 	src, err := os.ReadFile(gomod)
 	if err != nil {
@@ -282,7 +370,7 @@ func (b *builder) build(ctx context.Context, g group) error {
 	}
 	wrapper, err := WrapperGoMod("sparsevol.test/wrapper/"+g.name, g.root, g.version, src, g.staging)
 	if err != nil {
-		return fmt.Errorf("%s: %w", g.name, err)
+		return err
 	}
 	if err := os.WriteFile(filepath.Join(work, "go.mod"), wrapper, 0o644); err != nil {
 		return err
@@ -302,7 +390,7 @@ func (b *builder) build(ctx context.Context, g group) error {
 	}
 	get := append([]string{"get"}, withVersion(pkgs, g.version)...)
 	if _, err := b.goOut(ctx, work, get...); err != nil {
-		return fmt.Errorf("%s: %w", g.name, err)
+		return err
 	}
 	b.steps[g.name+" resolve"] = time.Since(t0)
 	fmt.Fprintf(b.o.Log, "bins: %s: modules resolved in %s\n", g.name, time.Since(t0).Round(time.Second))
@@ -320,16 +408,53 @@ func (b *builder) build(ctx context.Context, g group) error {
 	args = append(args, pkgs...)
 	fmt.Fprintf(b.o.Log, "bins: %s: building %s\n", g.name, strings.Join(sortedKeys(g.pkgs), " "))
 	if _, err := b.goOut(ctx, work, args...); err != nil {
-		return fmt.Errorf("%s: %w", g.name, err)
+		return err
 	}
 	for _, n := range sortedKeys(g.pkgs) {
 		built := filepath.Join(outDir, BinaryName(g.pkgs[n]))
 		if err := os.Rename(built, filepath.Join(b.tmp, "bin", n)); err != nil {
-			return fmt.Errorf("%s: %w", g.name, err)
+			return err
 		}
 	}
 	b.steps[g.name+" build"] = time.Since(t1)
 	fmt.Fprintf(b.o.Log, "bins: %s: built in %s\n", g.name, time.Since(t1).Round(time.Second))
+	return nil
+}
+
+// copyFiles copies the group's files out of their modules' sources into
+// files/<dir>/ (read-only in the module cache, 0644 here).
+func (b *builder) copyFiles(ctx context.Context, g group) error {
+	for _, f := range g.files {
+		out, err := b.goOut(ctx, b.tmp, "mod", "download", "-json", f.module+"@"+f.version)
+		if err != nil {
+			return err
+		}
+		src := jsonField(out, "Dir")
+		if src == "" {
+			return fmt.Errorf("go mod download printed no Dir: %s", out)
+		}
+		m, err := filepath.Glob(filepath.Join(src, f.glob))
+		if err != nil {
+			return err
+		}
+		if len(m) == 0 {
+			return fmt.Errorf("no %s in %s@%s", f.glob, f.module, f.version)
+		}
+		dst := filepath.Join(b.tmp, "files", f.dir)
+		if err := os.MkdirAll(dst, 0o755); err != nil {
+			return err
+		}
+		for _, p := range m {
+			data, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(dst, filepath.Base(p)), data, 0o644); err != nil {
+				return err
+			}
+		}
+		fmt.Fprintf(b.o.Log, "bins: %s: %d file(s) from %s@%s into files/%s\n", g.name, len(m), f.module, f.version, f.dir)
+	}
 	return nil
 }
 
@@ -466,10 +591,6 @@ func sortedKeys[V any](m map[string]V) []string {
 	for k := range m {
 		keys = append(keys, k)
 	}
-	for i := 1; i < len(keys); i++ {
-		for j := i; j > 0 && keys[j] < keys[j-1]; j-- {
-			keys[j], keys[j-1] = keys[j-1], keys[j]
-		}
-	}
+	sort.Strings(keys)
 	return keys
 }

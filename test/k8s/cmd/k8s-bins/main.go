@@ -1,5 +1,5 @@
 // Command k8s-bins builds (or finds in the cache) the Kubernetes binaries of
-// the k8s end-to-end test and prints their directory.
+// the k8s end-to-end test and prints each binary's path.
 //
 //	go run ./test/k8s/cmd/k8s-bins [-cache DIR] [-nice N]
 package main
@@ -34,5 +34,7 @@ func main() {
 			fmt.Fprintf(os.Stderr, "k8s-bins:   %s %s\n", k, v.Round(1e9))
 		}
 	}
-	fmt.Println(res.Dir)
+	for _, n := range bins.Names {
+		fmt.Println(res.Path(n))
+	}
 }
