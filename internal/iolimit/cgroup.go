@@ -1,0 +1,281 @@
+package iolimit
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// DefaultMount is where the cgroup v2 hierarchy is mounted on a node.
+const DefaultMount = "/sys/fs/cgroup"
+
+// Environment variables that configure where limits go (the CLI's
+// --cgroup-mount and --pods-cgroup flags default to them).
+const (
+	MountEnv  = "SPARSEVOL_CGROUP_MOUNT"
+	CgroupEnv = "SPARSEVOL_PODS_CGROUP"
+)
+
+// podCgroups are the cgroups kubelet puts all pods under: the systemd
+// cgroup driver's slice, then the cgroupfs driver's directory.
+var podCgroups = []string{"kubepods.slice", "kubepods"}
+
+// Config says which cgroup carries the limits. The zero value is the
+// default: the pods' cgroup found under DefaultMount.
+type Config struct {
+	// Mount is the cgroup v2 mount point ("" = DefaultMount). A plugin
+	// running in a pod (its own cgroup namespace) is given the host's
+	// hierarchy mounted elsewhere.
+	Mount string
+	// Cgroup is the cgroup that holds all pods, relative to Mount. ""
+	// finds it: kubepods.slice (kubelet's systemd driver) or kubepods
+	// (cgroupfs driver), whichever exists; if neither does yet (attach at
+	// boot runs before kubelet), the one of the driver the hierarchy's
+	// manager suggests (kubepods.slice where systemd runs it) is made,
+	// and kubelet adopts it.
+	Cgroup string
+}
+
+// Validate checks the configuration without touching anything. Errors
+// wrap ErrInvalid.
+func (c Config) Validate() error {
+	if c.Mount != "" && (!filepath.IsAbs(c.Mount) || filepath.Clean(c.Mount) != c.Mount) {
+		return fmt.Errorf("cgroup mount %q is not an absolute, clean path: %w", c.Mount, ErrInvalid)
+	}
+	if c.Cgroup == "" {
+		return nil
+	}
+	if filepath.IsAbs(c.Cgroup) || filepath.Clean(c.Cgroup) != c.Cgroup || c.Cgroup == "." ||
+		slices.Contains(strings.Split(c.Cgroup, "/"), "..") {
+		return fmt.Errorf("pods cgroup %q: want a clean path relative to the cgroup mount, below its root (kubepods.slice, kubepods): %w", c.Cgroup, ErrInvalid)
+	}
+	return nil
+}
+
+func (c Config) mount() string {
+	if c.Mount == "" {
+		return DefaultMount
+	}
+	return c.Mount
+}
+
+// Supported returns nil if limits can be enforced: Mount is a cgroup v2
+// hierarchy whose root offers the io controller. Otherwise an error that
+// wraps ErrNotSupported and says what the host has instead.
+func (c Config) Supported() error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	m := c.mount()
+	var st unix.Statfs_t
+	if err := unix.Statfs(m, &st); err != nil {
+		return fmt.Errorf("cgroup mount %s: %w: %w", m, err, ErrNotSupported)
+	}
+	if st.Type != unix.CGROUP2_SUPER_MAGIC {
+		why := "not a cgroup v2 hierarchy (cgroup v1)"
+		var u unix.Statfs_t
+		if unix.Statfs(filepath.Join(m, "unified"), &u) == nil && u.Type == unix.CGROUP2_SUPER_MAGIC {
+			why = "a hybrid hierarchy: the io controller is cgroup v1's blkio, which has no io.max"
+		}
+		return fmt.Errorf("cgroup mount %s is %s; I/O limits need cgroup v2 (boot with systemd.unified_cgroup_hierarchy=1), or point --cgroup-mount at a cgroup v2 mount: %w",
+			m, why, ErrNotSupported)
+	}
+	ctrl, err := os.ReadFile(filepath.Join(m, "cgroup.controllers"))
+	if err != nil {
+		return fmt.Errorf("cgroup mount %s: %w: %w", m, err, ErrNotSupported)
+	}
+	if !slices.Contains(strings.Fields(string(ctrl)), "io") {
+		return fmt.Errorf("cgroup v2 at %s does not offer the io controller (controllers: %q; is it bound to a cgroup v1 blkio hierarchy?): %w",
+			m, strings.TrimSpace(string(ctrl)), ErrNotSupported)
+	}
+	return nil
+}
+
+// find returns the absolute path of the pods' cgroup and whether it
+// exists; with Cgroup unset, the first of podCgroups that exists, or the
+// one to make.
+func (c Config) find() (string, bool) {
+	m := c.mount()
+	if c.Cgroup != "" {
+		p := filepath.Join(m, c.Cgroup)
+		return p, isDir(p)
+	}
+	for _, name := range podCgroups {
+		if p := filepath.Join(m, name); isDir(p) {
+			return p, true
+		}
+	}
+	if isDir(filepath.Join(m, "init.scope")) { // systemd runs this hierarchy
+		return filepath.Join(m, podCgroups[0]), false
+	}
+	return filepath.Join(m, podCgroups[1]), false
+}
+
+func isDir(p string) bool {
+	fi, err := os.Lstat(p)
+	return err == nil && fi.IsDir()
+}
+
+// Where returns the io.max file limits are written to (for messages and
+// status); it may not exist yet.
+func (c Config) Where() string {
+	p, _ := c.find()
+	return filepath.Join(p, "io.max")
+}
+
+// Set makes dev's io.max entry on the pods' cgroup exactly l (zero: no
+// entry). The cgroup is made if missing, and the io controller enabled in
+// the subtree_control of each cgroup above it that lacks it. l must be
+// valid (Validate); the host must support limits (Supported) unless l is
+// zero, for which an unsupported host is nothing to do.
+func (c Config) Set(dev uint64, l Limits) error {
+	if err := l.Validate(); err != nil {
+		return err
+	}
+	if l.IsZero() {
+		return c.Remove(dev)
+	}
+	if err := c.Supported(); err != nil {
+		return err
+	}
+	cg, ok := c.find()
+	if !ok {
+		if err := os.MkdirAll(cg, 0o755); err != nil {
+			return fmt.Errorf("make cgroup %s: %w", cg, err)
+		}
+	}
+	if err := enableIO(c.mount(), cg); err != nil {
+		return err
+	}
+	return writeLine(cg, l.line(unix.Major(dev), unix.Minor(dev)))
+}
+
+// Remove drops dev's io.max entry, if there is one. A host or cgroup
+// without limits has none: nothing to do.
+func (c Config) Remove(dev uint64) error {
+	if c.Supported() != nil {
+		return nil
+	}
+	cg, ok := c.find()
+	if !ok {
+		return nil
+	}
+	got, err := readEntry(cg, dev)
+	if err != nil || got.IsZero() {
+		return err
+	}
+	return writeLine(cg, Limits{}.line(unix.Major(dev), unix.Minor(dev)))
+}
+
+// Get returns dev's io.max entry on the pods' cgroup (zero: none).
+func (c Config) Get(dev uint64) (Limits, error) {
+	if err := c.Supported(); err != nil {
+		return Limits{}, err
+	}
+	cg, ok := c.find()
+	if !ok {
+		return Limits{}, nil
+	}
+	return readEntry(cg, dev)
+}
+
+// enableIO enables the io controller in the subtree_control of every
+// cgroup from mount down to cg's parent that does not have it yet, so
+// that cg has an io.max.
+func enableIO(mount, cg string) error {
+	rel, err := filepath.Rel(mount, filepath.Dir(cg))
+	if err != nil {
+		return fmt.Errorf("cgroup %s: %w", cg, err)
+	}
+	dir := mount
+	parts := []string{}
+	if rel != "." {
+		parts = strings.Split(rel, "/")
+	}
+	for i := 0; ; i++ {
+		sc := filepath.Join(dir, "cgroup.subtree_control")
+		data, err := os.ReadFile(sc)
+		if err != nil {
+			return fmt.Errorf("enable io controller: %w", err)
+		}
+		if !slices.Contains(strings.Fields(string(data)), "io") {
+			if err := writeFile(sc, "+io"); err != nil {
+				return fmt.Errorf("enable io controller in %s: %w", sc, err)
+			}
+		}
+		if i == len(parts) {
+			return nil
+		}
+		dir = filepath.Join(dir, parts[i])
+	}
+}
+
+// writeLine writes one line to cg's io.max.
+func writeLine(cg, line string) error {
+	p := filepath.Join(cg, "io.max")
+	if err := writeFile(p, line); err != nil {
+		return fmt.Errorf("write %q to %s: %w", line, p, err)
+	}
+	return nil
+}
+
+// writeFile writes s to the existing file p in one write, as cgroup
+// files want; never creates, never follows a final symbolic link.
+func writeFile(p, s string) error {
+	f, err := os.OpenFile(p, os.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(s)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// readEntry returns dev's limits in cg's io.max (zero if it has none).
+func readEntry(cg string, dev uint64) (Limits, error) {
+	p := filepath.Join(cg, "io.max")
+	f, err := os.Open(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return Limits{}, nil
+	}
+	if err != nil {
+		return Limits{}, fmt.Errorf("read %s: %w", p, err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		maj, min, l, err := parseLine(sc.Text())
+		if err != nil {
+			return Limits{}, fmt.Errorf("read %s: %w", p, err)
+		}
+		if maj == unix.Major(dev) && min == unix.Minor(dev) {
+			return l, nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return Limits{}, fmt.Errorf("read %s: %w", p, err)
+	}
+	return Limits{}, nil
+}
+
+// DeviceNumber returns the device number of the block device node at
+// path (not following a symbolic link).
+func DeviceNumber(path string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return 0, fmt.Errorf("stat %s: %w", path, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		return 0, fmt.Errorf("%s is not a block device", path)
+	}
+	return st.Rdev, nil
+}
