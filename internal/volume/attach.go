@@ -307,6 +307,14 @@ func (s *Store) attachLocked(ctx context.Context, v *Volume) (dev *loop.Device, 
 	if err != nil {
 		return nil, false, err
 	}
+	// Device numbers change across reboots and re-attaches: the limits
+	// follow the device every time, before anyone is shown it.
+	if err := s.applyLimits(v, dev); err != nil {
+		if fresh {
+			s.undoAttach(v)
+		}
+		return nil, false, fmt.Errorf("attach %s: %w", v.Name, err)
+	}
 	if v.noteBackingID(dev.Backing) {
 		if err := s.writeMeta(v); err != nil {
 			return nil, fresh, err
@@ -460,6 +468,15 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 	maps.Copy(attached, newly)
 	errs = append(errs, bindErrs...)
 	s.log.Info("bound; waiting for udev", "bound", len(bound), "failed", len(bindErrs))
+	for v, dev := range attached {
+		if err := s.applyLimits(v, dev); err != nil {
+			errs = append(errs, fmt.Errorf("attach %s: %w", v.Name, err))
+			delete(attached, v)
+			if _, fresh := newly[v]; fresh {
+				s.undoAttach(v)
+			}
+		}
+	}
 	vols := slices.Collect(maps.Keys(attached))
 	// Our /dev/sparsevol links first, all of them and in parallel (a
 	// thousand symlinks at boot), then one wait for udev's.
@@ -605,6 +622,7 @@ func (s *Store) detachDevices(v *Volume, bound map[loop.FileID][]*loop.Device, o
 		switch {
 		case err == nil, errors.Is(err, loop.ErrNotAttached):
 			s.log.Info("volume detached", "volume", v.Name, "uuid", v.UUID, "device", dev.Path)
+			s.removeLimits(v, dev)
 		case errors.Is(err, loop.ErrDeferred):
 			// Going away at the opener's last close: no longer published.
 			deferred = fmt.Errorf("detach %s: %w", v.Name, err)

@@ -28,6 +28,9 @@ type CreateRequest struct {
 	Preallocate bool
 	DirectIO    *bool // nil: the store default
 	Labels      map[string]string
+	// IOLimits are enforced on the volume's device whenever it is
+	// attached.
+	IOLimits IOLimits
 	// KeepAttached leaves the loop device attached after create (and
 	// starts the unit, with a Lifecycle); otherwise create detaches it
 	// again and attaching is left to the unit or caller.
@@ -53,6 +56,9 @@ func (r *CreateRequest) Normalize() error {
 	}
 	if err := r.NormalizeLayout(); err != nil {
 		return err
+	}
+	if err := r.IOLimits.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", err, ErrInvalid)
 	}
 	return r.NormalizeSize()
 }
@@ -120,7 +126,7 @@ func (r *CreateRequest) kind() string {
 func (r *CreateRequest) compatible(v *Volume) bool {
 	return v.SizeBytes == r.SizeBytes && v.Mode == r.Mode && v.FSType == r.FSType &&
 		v.Partitioned == (r.Mode == ModeBlock && !r.NoPartition) &&
-		v.Preallocate == r.Preallocate && slices.Equal(mkfsTokens(v.MkfsOptions), r.MkfsOptions) &&
+		v.Preallocate == r.Preallocate && v.IOLimits == r.IOLimits && slices.Equal(mkfsTokens(v.MkfsOptions), r.MkfsOptions) &&
 		(r.UUID == "" || r.UUID == v.UUID)
 }
 
@@ -133,6 +139,9 @@ func (r *CreateRequest) compatible(v *Volume) bool {
 // is unfinished and the request is the same, in which case it is finished.
 func (s *Store) Create(ctx context.Context, req CreateRequest) (*Volume, error) {
 	if err := req.Normalize(); err != nil {
+		return nil, fmt.Errorf("create %s: %w", req.Name, err)
+	}
+	if err := s.checkLimits(req.IOLimits); err != nil {
 		return nil, fmt.Errorf("create %s: %w", req.Name, err)
 	}
 	v, err := s.reserve(req)
@@ -221,6 +230,7 @@ func (s *Store) reserve(req CreateRequest) (*Volume, error) {
 		State:       StateCreating,
 		Created:     time.Now().UTC().Truncate(time.Second),
 		Labels:      maps.Clone(req.Labels),
+		IOLimits:    req.IOLimits,
 	}
 	if err := s.writeMeta(v); err != nil {
 		return nil, err

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sparsevol/sparsevol/internal/fsutil"
+	"github.com/sparsevol/sparsevol/internal/iolimit"
 	"github.com/sparsevol/sparsevol/internal/loop"
 )
 
@@ -49,7 +50,10 @@ type Options struct {
 	// back at boot (see Lifecycle); nil: none, volumes are attached
 	// directly.
 	Lifecycle Lifecycle
-	Logger    *slog.Logger
+	// IOLimits says where volumes' I/O limits are enforced (the zero
+	// value: the pods' cgroup under /sys/fs/cgroup).
+	IOLimits iolimit.Config
+	Logger   *slog.Logger
 }
 
 // Store is one root directory of volumes. It is safe for concurrent use by
@@ -86,6 +90,9 @@ func Open(root string, opts Options) (*Store, error) {
 	}
 	if err := checkOvercommitRatio(opts.OvercommitRatio); err != nil {
 		return nil, fmt.Errorf("open store %s: %w", abs, err)
+	}
+	if err := opts.IOLimits.Validate(); err != nil {
+		return nil, fmt.Errorf("open store %s: %w: %w", abs, err, ErrInvalid)
 	}
 	if opts.UdevTimeout == 0 {
 		opts.UdevTimeout = 30 * time.Second

@@ -118,6 +118,9 @@ type Volume struct {
 	// Labels carry caller-owned annotations (the CSI driver keeps the
 	// request name and parameters here).
 	Labels map[string]string `json:"labels,omitempty"`
+	// IOLimits are enforced on the volume's loop device at every attach
+	// (see Change).
+	IOLimits IOLimits `json:"ioLimits,omitzero"`
 	// Problem says what is wrong with the volume, if anything: why its
 	// metadata cannot be read (state broken, set by List and Get), or,
 	// in a Status, what is unsafe about it or that it is orphaned. It is

@@ -1,0 +1,239 @@
+package volume
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/iolimit"
+	"github.com/sparsevol/sparsevol/internal/loop"
+)
+
+// IOLimits are a volume's I/O limits, enforced on its loop device (see
+// package iolimit). Zero fields limit nothing.
+type IOLimits = iolimit.Limits
+
+// ErrNotSupported: the host cannot do what was asked (I/O limits without
+// cgroup v2's io controller); nothing was changed.
+var ErrNotSupported = iolimit.ErrNotSupported
+
+// ParseIOPS parses an IOPS limit (a positive number, or max for none).
+func ParseIOPS(s string) (uint64, error) {
+	n, err := iolimit.ParseIOPS(s)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", err, ErrInvalid)
+	}
+	return n, nil
+}
+
+// ParseBPS parses a bytes-per-second limit in ParseSize's units, or max
+// for none (0).
+func ParseBPS(s string) (uint64, error) {
+	if s == "max" {
+		return 0, nil
+	}
+	n, err := ParseSize(s)
+	if err != nil {
+		return 0, fmt.Errorf("bytes per second: %w", err)
+	}
+	return uint64(n), nil
+}
+
+// checkLimits is the rule for I/O limits: values the kernel enforces as
+// given, and a host that can enforce them at all. Errors wrap ErrInvalid
+// or ErrNotSupported; nothing is changed.
+func (s *Store) checkLimits(l IOLimits) error {
+	if err := l.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", err, ErrInvalid)
+	}
+	if l.IsZero() {
+		return nil
+	}
+	return s.opts.IOLimits.Supported()
+}
+
+// applyLimits converges the io.max entry of dev, v's own whole loop
+// device, to v's limits (none: no entry, which also clears what a device
+// of that number served before). The caller holds v's lock and has proven
+// dev v's.
+func (s *Store) applyLimits(v *Volume, dev *loop.Device) error {
+	n, err := iolimit.DeviceNumber(dev.Path)
+	if err == nil {
+		err = s.opts.IOLimits.Set(n, v.IOLimits)
+	}
+	if err != nil {
+		return fmt.Errorf("I/O limits of %s on %s: %w", v.Name, dev.Path, err)
+	}
+	if !v.IOLimits.IsZero() {
+		s.log.Info("I/O limits applied", "volume", v.Name, "device", dev.Path, "limits", FormatLimits(v.IOLimits), "cgroup", s.opts.IOLimits.Where())
+	}
+	return nil
+}
+
+// removeLimits drops the io.max entry of a device of v just detached; a
+// failure is logged: the next attach of that device number converges it.
+func (s *Store) removeLimits(v *Volume, dev *loop.Device) {
+	n, err := iolimit.DeviceNumber(dev.Path)
+	if err == nil {
+		err = s.opts.IOLimits.Remove(n)
+	}
+	if err != nil {
+		s.log.Warn("I/O limits left on a detached device", "volume", v.Name, "device", dev.Path, "error", err)
+	}
+}
+
+// FormatLimits renders limits in the one unit style ("none" for none).
+func FormatLimits(l IOLimits) string {
+	if l.IsZero() {
+		return "none"
+	}
+	var out string
+	add := func(what string, n uint64, size bool) {
+		if n == 0 {
+			return
+		}
+		if out != "" {
+			out += ", "
+		}
+		if size {
+			out += fmt.Sprintf("%s %s/s", what, FormatSize(int64(n)))
+		} else {
+			out += fmt.Sprintf("%s %d IOPS", what, n)
+		}
+	}
+	add("read", l.ReadBPS, true)
+	add("write", l.WriteBPS, true)
+	add("read", l.ReadIOPS, false)
+	add("write", l.WriteIOPS, false)
+	return out
+}
+
+// Change is a change of a volume's settings that takes effect live; nil
+// (or false) fields stay as they are.
+type Change struct {
+	// IOLimits replaces all four limits (zero: none).
+	IOLimits *IOLimits
+	// DirectIO turns direct I/O on the backing file on or off, on the
+	// attached device too (the kernel may refuse it: see Status).
+	DirectIO *bool
+	// Preallocate makes a thin volume thick: its file is allocated in
+	// place. A thick volume does not become thin.
+	Preallocate bool
+	// Labels are set; an empty value removes the label.
+	Labels map[string]string
+}
+
+// Change applies ch to the volume ref, live: validated first (ErrInvalid,
+// ErrNotSupported, ErrNoSpace: nothing changed), then, under the volume's
+// lock and with its devices proven its own, the file, the devices and the
+// metadata. If a step fails, what was changed on the devices is put back
+// and the metadata stays as it was; a file already allocated stays so
+// (its data is the same).
+func (s *Store) Change(ref string, ch Change) (*Status, error) {
+	if ch.IOLimits != nil {
+		if err := s.checkLimits(*ch.IOLimits); err != nil {
+			return nil, fmt.Errorf("change %s: %w", ref, err)
+		}
+	}
+	var st *Status
+	err := s.withVolume(ref, func(v *Volume) error {
+		if v.State != StateReady {
+			return fmt.Errorf("change %s: state %s: %w", v.Name, v.State, ErrNotReady)
+		}
+		ids := s.backingIDs(v)
+		bound, err := loop.Bound(ids...)
+		if err != nil {
+			return fmt.Errorf("change %s: %w", v.Name, err)
+		}
+		ours, foreign := devicesOf(v, ids, bound)
+		if len(foreign) > 0 {
+			return foreignError("change", v, foreign)
+		}
+		if err := s.orphaned(v, ours); err != nil {
+			return fmt.Errorf("change %s: %w", v.Name, err)
+		}
+		old := *v
+		old.Labels = maps.Clone(v.Labels)
+		if ch.Preallocate && !v.Preallocate {
+			if err := s.thicken(v); err != nil {
+				return err
+			}
+			v.Preallocate = true
+		}
+		if ch.IOLimits != nil {
+			v.IOLimits = *ch.IOLimits
+		}
+		if ch.DirectIO != nil {
+			v.DirectIO = *ch.DirectIO
+		}
+		for k, val := range ch.Labels {
+			if v.Labels == nil {
+				v.Labels = map[string]string{}
+			}
+			if val == "" {
+				delete(v.Labels, k)
+			} else {
+				v.Labels[k] = val
+			}
+		}
+		if err := s.applyLive(v, ours); err != nil {
+			if rerr := s.applyLive(&old, ours); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("putting back: %w", rerr))
+			}
+			return fmt.Errorf("change %s: %w", v.Name, err)
+		}
+		if err := s.writeMeta(v); err != nil {
+			if rerr := s.applyLive(&old, ours); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("putting back: %w", rerr))
+			}
+			return fmt.Errorf("change %s: %w", v.Name, err)
+		}
+		st = s.status(v, ours, nil)
+		return nil
+	})
+	return st, err
+}
+
+// applyLive sets v's direct I/O and limits on its devices (ours).
+func (s *Store) applyLive(v *Volume, ours []*loop.Device) error {
+	for i, d := range ours {
+		if d.DirectIO() != v.DirectIO {
+			now, err := loop.SetDirectIO(d.Path, v.owner(d.Backing), v.DirectIO)
+			if err != nil {
+				return err
+			}
+			if v.DirectIO && !now.DirectIO() {
+				s.log.Warn("direct I/O refused by the kernel, using buffered I/O", "volume", v.Name, "device", d.Path)
+			}
+			ours[i] = now
+		}
+		if err := s.applyLimits(v, d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// thicken allocates v's whole backing file in place (thin to thick),
+// refusing with ErrNoSpace, before allocating anything, what the store's
+// filesystem cannot hold. The caller holds v's lock.
+func (s *Store) thicken(v *Volume) error {
+	sp, err := s.Space()
+	if err != nil {
+		return fmt.Errorf("make %s thick: %w", v.Name, err)
+	}
+	if need := v.SizeBytes - s.allocated(v.UUID); need > sp.FreeBytes {
+		return fmt.Errorf("make %s thick: %s more must be allocated, %s are free: %w", v.Name, FormatSize(need), FormatSize(sp.FreeBytes), ErrNoSpace)
+	}
+	fd, _, _, err := s.openOwned(v, "make thick")
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := reallocate(fd, v.SizeBytes); err != nil {
+		return fmt.Errorf("make %s thick: %w", v.Name, err)
+	}
+	return nil
+}

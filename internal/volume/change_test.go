@@ -1,0 +1,186 @@
+package volume
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/iolimit"
+)
+
+// limitStore opens a store whose limits go to a cgroup of the test's own
+// on a private cgroup v2 mount: the host's hierarchy where it runs cgroup
+// v2 (with io), one without io where io is bound to cgroup v1 blkio. It
+// reports whether limits can be enforced here.
+func limitStore(t *testing.T) (*Store, iolimit.Config, bool) {
+	t.Helper()
+	m := t.TempDir()
+	if err := unix.Mount("none", m, "cgroup2", 0, ""); err != nil {
+		t.Fatalf("mount cgroup2: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(m, unix.MNT_DETACH) })
+	cfg := iolimit.Config{Mount: m, Cgroup: "sparsevol-test-" + filepath.Base(t.TempDir())}
+	t.Cleanup(func() { os.Remove(filepath.Join(m, cfg.Cgroup)) })
+	s := newStore(t, Options{IOLimits: cfg})
+	return s, cfg, cfg.Supported() == nil
+}
+
+func rawAttached(t *testing.T, s *Store, name string) *Volume {
+	t.Helper()
+	v := mustCreate(t, s, CreateRequest{Name: name, SizeBytes: 16 << 20, Mode: ModeBlock, NoPartition: true, KeepAttached: true})
+	t.Cleanup(func() { s.Detach(v.UUID, DetachOptions{Force: true}) })
+	return v
+}
+
+func metaBytes(t *testing.T, s *Store, uuid string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(s.metaPath(uuid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func devNumber(t *testing.T, s *Store, ref string) uint64 {
+	t.Helper()
+	st, err := s.Status(ref)
+	if err != nil || !st.Attached {
+		t.Fatalf("status %s: %+v, %v; want attached", ref, st, err)
+	}
+	n, err := iolimit.DeviceNumber(st.Device)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestChangeLive changes direct I/O and provisioning of an attached
+// volume, and refuses bad limits changing nothing.
+func TestChangeLive(t *testing.T) {
+	s, _, _ := limitStore(t)
+	v := rawAttached(t, s, "live")
+	st, err := s.Status(v.UUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kernelDirect := st.DirectIOActive // what the store's filesystem allows
+	t.Logf("direct I/O as attached: %t", kernelDirect)
+
+	off := false
+	st, err = s.Change(v.UUID, Change{DirectIO: &off})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.DirectIOActive || st.DirectIO {
+		t.Errorf("after directIO=false: active %t, requested %t", st.DirectIOActive, st.DirectIO)
+	}
+	on := true
+	if st, err = s.Change(v.UUID, Change{DirectIO: &on}); err != nil {
+		t.Fatal(err)
+	}
+	if st.DirectIOActive != kernelDirect || !st.DirectIO {
+		t.Errorf("after directIO=true: active %t (want %t), requested %t", st.DirectIOActive, kernelDirect, st.DirectIO)
+	}
+
+	if got := allocated(t, v.BackingFile); got >= v.SizeBytes {
+		t.Fatalf("thin volume already has %d of %d bytes", got, v.SizeBytes)
+	}
+	st, err = s.Change(v.UUID, Change{Preallocate: true, Labels: map[string]string{"k": "thick"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := allocated(t, v.BackingFile); got < v.SizeBytes || !st.Preallocate || st.Labels["k"] != "thick" {
+		t.Errorf("after thick: %d of %d bytes allocated, preallocate %t, labels %v", got, v.SizeBytes, st.Preallocate, st.Labels)
+	}
+
+	before := metaBytes(t, s, v.UUID)
+	for _, bad := range []IOLimits{{ReadIOPS: iolimit.MaxIOPS + 1}, {WriteBPS: ^uint64(0)}} {
+		if _, err := s.Change(v.UUID, Change{IOLimits: &bad, DirectIO: &off}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("Change(%+v) = %v, want ErrInvalid", bad, err)
+		}
+	}
+	if st, _ := s.Status(v.UUID); !bytes.Equal(metaBytes(t, s, v.UUID), before) || st.DirectIOActive != kernelDirect {
+		t.Errorf("a refused change changed the volume (directIO active %t)", st.DirectIOActive)
+	}
+	if _, err := s.Change("nosuch", Change{DirectIO: &off}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Change of an unknown volume = %v, want ErrNotFound", err)
+	}
+}
+
+// TestLimitsFollowTheDevice: limits set live are on the device at once,
+// gone when it is detached, back at the next attach (whatever its number)
+// and lifted by a change to none. Where the host cannot enforce limits,
+// create, change and attach of a limited volume fail with ErrNotSupported
+// and leave nothing: no volume, no metadata change, no bound device.
+func TestLimitsFollowTheDevice(t *testing.T) {
+	s, cfg, ok := limitStore(t)
+	ctx := context.Background()
+	want := IOLimits{WriteBPS: 10 << 20, ReadIOPS: 200}
+	if !ok {
+		_, err := s.Create(ctx, CreateRequest{Name: "limited", SizeBytes: 16 << 20, Mode: ModeBlock, NoPartition: true, IOLimits: want, KeepAttached: true})
+		if !errors.Is(err, ErrNotSupported) {
+			t.Fatalf("Create with limits = %v, want ErrNotSupported", err)
+		}
+		assertNothingLeft(t, s)
+		v := rawAttached(t, s, "plain")
+		before := metaBytes(t, s, v.UUID)
+		if _, err := s.Change(v.UUID, Change{IOLimits: &want}); !errors.Is(err, ErrNotSupported) {
+			t.Fatalf("Change of limits = %v, want ErrNotSupported", err)
+		}
+		if !bytes.Equal(metaBytes(t, s, v.UUID), before) {
+			t.Errorf("a refused limit changed the metadata")
+		}
+		// Limits recorded where they could be enforced (the store moved
+		// hosts): attach refuses and leaves no device.
+		if err := s.Detach(v.UUID, DetachOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		moved, _ := s.readMeta(v.UUID)
+		moved.IOLimits = want
+		if err := s.writeMeta(moved); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Attach(ctx, v.UUID); !errors.Is(err, ErrNotSupported) {
+			t.Errorf("Attach of a limited volume = %v, want ErrNotSupported", err)
+		}
+		if _, err := s.AttachAll(ctx); !errors.Is(err, ErrNotSupported) {
+			t.Errorf("AttachAll with a limited volume = %v, want ErrNotSupported", err)
+		}
+		if devs := boundUnder(s.Root()); len(devs) > 0 {
+			t.Errorf("refused attaches left %v bound", devs)
+		}
+		return
+	}
+	v := rawAttached(t, s, "limited")
+	n := devNumber(t, s, v.UUID)
+	if _, err := s.Change(v.UUID, Change{IOLimits: &want}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := cfg.Get(n); err != nil || got != want {
+		t.Fatalf("io.max entry after Change = %+v, %v; want %+v", got, err, want)
+	}
+	if err := s.Detach(v.UUID, DetachOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := cfg.Get(n); err != nil || !got.IsZero() {
+		t.Fatalf("io.max entry after Detach = %+v, %v; want none", got, err)
+	}
+	if _, err := s.AttachAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	n = devNumber(t, s, v.UUID)
+	if got, err := cfg.Get(n); err != nil || got != want {
+		t.Fatalf("io.max entry after AttachAll = %+v, %v; want %+v", got, err, want)
+	}
+	if _, err := s.Change(v.UUID, Change{IOLimits: &IOLimits{}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := cfg.Get(n); err != nil || !got.IsZero() {
+		t.Fatalf("io.max entry after lifting the limits = %+v, %v; want none", got, err)
+	}
+}
