@@ -16,6 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/sparsevol/sparsevol/internal/iolimit"
 	"github.com/sparsevol/sparsevol/internal/systemd"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
@@ -62,6 +63,7 @@ type globals struct {
 	udevWait   time.Duration
 	runDir     string
 	verbose    bool
+	ioLimits   iolimit.Config
 	stdout     io.Writer
 	stderr     io.Writer
 }
@@ -83,6 +85,7 @@ func (g *globals) storeOptions() volume.Options {
 		AttachedDir:     g.attachedDir(),
 		Logger:          g.logger(),
 		Lifecycle:       g.lifecycle(),
+		IOLimits:        g.ioLimits,
 	}
 }
 
@@ -152,6 +155,7 @@ template unit (sparsevol@<uuid>.service) — no network, no API server.`,
 	_ = pf.MarkHidden("run-dir") // for tests; must match what the units assert
 	pf.DurationVar(&g.udevWait, "udev-timeout", 30*time.Second, "how long attach waits for udev's /dev/disk link")
 	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log each step to stderr")
+	addCgroupFlags(g, pf)
 
 	root.AddCommand(
 		newCreateCommand(g), newAttachCommand(g), newDetachCommand(g),
@@ -159,6 +163,7 @@ template unit (sparsevol@<uuid>.service) — no network, no API server.`,
 		newStatusCommand(g), newPVCommand(g), newAdoptCommand(g),
 		newUnitsCommand(g), newDoctorCommand(g), newCSICommand(g), newTrimCommand(g),
 		newRecoverCommand(g), newVersionCommand(g), newManCommand(g),
+		newLimitCommand(g),
 	)
 	root.Version = readBuild().String()
 	root.SetVersionTemplate("{{.Version}}\n")

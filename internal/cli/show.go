@@ -123,6 +123,7 @@ func newStatusCommand(g *globals) *cobra.Command {
 			row("Device", dash(st.Device))
 			row("Data device", dash(st.DataDevice))
 			row("Direct I/O", fmt.Sprintf("%v (requested %v)", st.DirectIOActive, st.DirectIO))
+			row("I/O limits", volume.FormatLimits(st.IOLimits))
 			row("Stable path", fmt.Sprintf("%s (exists: %v)", st.StablePath, st.StablePathExists))
 			for _, m := range st.MountPoints {
 				row("Mounted at", m)

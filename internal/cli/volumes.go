@@ -20,13 +20,15 @@ func newCreateCommand(g *globals) *cobra.Command {
 		mkfsOpts             []string
 		preallocate, noStart bool
 		directIO             bool
+		lf                   *limitFlags
 	)
 	cmd := &cobra.Command{
 		Use: "create NAME --size SIZE",
 		Example: `  sparsevol create data --size 10G
   sparsevol create pg --size 20G --fs xfs --mkfs-option "-m reflink=1"
   sparsevol create raw --size 5G --mode block
-  sparsevol create scratch --size 10G --mode block --no-partition --preallocate`,
+  sparsevol create scratch --size 10G --mode block --no-partition --preallocate
+  sparsevol create noisy --size 10G --write-bps 10M --write-iops 500`,
 		Short: "Create a volume, enable its unit and attach it",
 		Long: `Create a sparse volume: the backing file, then ext4 or XFS whose UUID is the
 volume UUID (filesystem mode), or a GPT whose single partition GUID is the
@@ -51,6 +53,9 @@ elsewhere the volume is attached directly. Prints the UUID.`,
 			}
 			if cmd.Flags().Changed("direct-io") {
 				req.DirectIO = &directIO
+			}
+			if req.IOLimits, _, err = lf.apply(volume.IOLimits{}); err != nil {
+				return err
 			}
 			if err := req.Normalize(); err != nil {
 				return err
@@ -77,6 +82,7 @@ elsewhere the volume is attached directly. Prints the UUID.`,
 	f.BoolVar(&preallocate, "preallocate", false, "allocate every block now (thick volume) instead of a sparse file")
 	f.BoolVar(&noStart, "no-start", false, "enable the unit but do not attach now")
 	f.BoolVar(&directIO, "direct-io", true, "direct I/O from the loop device to the backing file (falls back to buffered where refused)")
+	lf = addLimitFlags(f)
 	return cmd
 }
 

@@ -1,0 +1,126 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/sparsevol/sparsevol/internal/iolimit"
+	"github.com/sparsevol/sparsevol/internal/volume"
+)
+
+// limitFlags are the four I/O limit flags create and limit share.
+type limitFlags struct {
+	readBPS, writeBPS, readIOPS, writeIOPS string
+	flags                                  *pflag.FlagSet
+}
+
+func addLimitFlags(f *pflag.FlagSet) *limitFlags {
+	l := &limitFlags{flags: f}
+	f.StringVar(&l.readBPS, "read-bps", "", "limit reads to this many bytes per second (a size: 10M, 1.5Gi; max for none)")
+	f.StringVar(&l.writeBPS, "write-bps", "", "limit writes to this many bytes per second (a size; max for none)")
+	f.StringVar(&l.readIOPS, "read-iops", "", "limit reads to this many operations per second (max for none)")
+	f.StringVar(&l.writeIOPS, "write-iops", "", "limit writes to this many operations per second (max for none)")
+	return l
+}
+
+// apply parses the flags that were given over base; the rules are
+// volume's (ParseBPS, ParseIOPS) and iolimit's.
+func (l *limitFlags) apply(base volume.IOLimits) (volume.IOLimits, bool, error) {
+	changed := false
+	for _, f := range []struct {
+		name  string
+		val   string
+		bytes bool
+		dst   *uint64
+	}{
+		{"read-bps", l.readBPS, true, &base.ReadBPS},
+		{"write-bps", l.writeBPS, true, &base.WriteBPS},
+		{"read-iops", l.readIOPS, false, &base.ReadIOPS},
+		{"write-iops", l.writeIOPS, false, &base.WriteIOPS},
+	} {
+		if !l.flags.Changed(f.name) {
+			continue
+		}
+		parse := volume.ParseIOPS
+		if f.bytes {
+			parse = volume.ParseBPS
+		}
+		n, err := parse(f.val)
+		if err != nil {
+			return base, false, fmt.Errorf("--%s: %w", f.name, err)
+		}
+		*f.dst, changed = n, true
+	}
+	return base, changed, nil
+}
+
+func newLimitCommand(g *globals) *cobra.Command {
+	var clear bool
+	var lf *limitFlags
+	cmd := &cobra.Command{
+		Use: "limit VOLUME [--read-bps SIZE] [--write-bps SIZE] [--read-iops N] [--write-iops N] | --clear",
+		Example: `  sparsevol limit data --write-bps 10M --write-iops 500
+  sparsevol limit data --write-bps max      # lift the write limit only
+  sparsevol limit data --clear              # lift every limit
+  sparsevol limit data                      # show the limits`,
+		Short: "Change a volume's I/O limits, live",
+		Long: `Set the I/O limits of a volume. Flags not given keep their value; max
+lifts one limit, --clear all of them. The limits are an io.max entry for the
+volume's loop device on the cgroup that holds all pods (kubepods; see
+--pods-cgroup), changed at once on an attached volume and re-applied at every
+attach. Needs cgroup v2 with the io controller: elsewhere setting a limit
+fails (exit 1) and changes nothing.`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s, err := g.store()
+			if err != nil {
+				return err
+			}
+			v, err := s.Get(args[0])
+			if err != nil {
+				return err
+			}
+			limits, changed, err := lf.apply(v.IOLimits)
+			if err != nil {
+				return err
+			}
+			if clear {
+				if changed {
+					return usagef("--clear takes no other limit")
+				}
+				limits, changed = volume.IOLimits{}, true
+			}
+			if changed {
+				st, err := s.Change(args[0], volume.Change{IOLimits: &limits})
+				if err != nil {
+					return err
+				}
+				v = &st.Volume
+			}
+			fmt.Fprintf(g.stdout, "%s\t%s\n", v.Name, volume.FormatLimits(v.IOLimits))
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&clear, "clear", false, "lift every limit")
+	lf = addLimitFlags(cmd.Flags())
+	return cmd
+}
+
+// addCgroupFlags adds the flags that say where I/O limits go; each
+// defaults to its environment variable.
+func addCgroupFlags(g *globals, pf *pflag.FlagSet) {
+	pf.StringVar(&g.ioLimits.Mount, "cgroup-mount", envOr(iolimit.MountEnv, iolimit.DefaultMount),
+		"the cgroup v2 mount I/O limits are written under (env "+iolimit.MountEnv+")")
+	pf.StringVar(&g.ioLimits.Cgroup, "pods-cgroup", os.Getenv(iolimit.CgroupEnv),
+		"the cgroup holding all pods, relative to --cgroup-mount (default: kubepods.slice or kubepods, whichever exists; env "+iolimit.CgroupEnv+")")
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
