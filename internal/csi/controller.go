@@ -26,6 +26,12 @@ const (
 	// ParamDiscard mounts the filesystem with online discard, so deleted
 	// data goes back to the node's disk at once (thin volumes only).
 	ParamDiscard = "discard" // true | false (default)
+	// I/O limits of the volume's device (see package iolimit); max or
+	// absent: none. Byte rates take the store's sizes (10M, 1.5Gi).
+	ParamReadIOPS  = "readIOPS"
+	ParamWriteIOPS = "writeIOPS"
+	ParamReadBPS   = "readBytesPerSecond"
+	ParamWriteBPS  = "writeBytesPerSecond"
 	// Keys under this prefix are set by the external provisioner and ignored.
 	provisionerPrefix = "csi.storage.k8s.io/"
 )
@@ -52,6 +58,7 @@ func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
 		csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
 		csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+		csi.ControllerServiceCapability_RPC_MODIFY_VOLUME,
 	}, func(t csi.ControllerServiceCapability_RPC_Type) *csi.ControllerServiceCapability {
 		return &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}}}
 	})}, nil
@@ -117,10 +124,15 @@ func parseRequest(caps []*csi.VolumeCapability, params map[string]string, cr *cs
 				return nil, status.Errorf(codes.InvalidArgument, "parameter %s=%q: want true or false", k, v)
 			}
 			s.discard = b
+		case ParamReadIOPS, ParamWriteIOPS, ParamReadBPS, ParamWriteBPS:
+			if err := parseLimit(k, v, &r.IOLimits); err != nil {
+				return nil, err
+			}
 		default:
 			if !strings.HasPrefix(k, provisionerPrefix) {
-				return nil, status.Errorf(codes.InvalidArgument, "unknown parameter %q (known: %s, %s, %s, %s, %s)",
-					k, ParamProvisioning, ParamMkfsOptions, ParamDirectIO, ParamFSType, ParamDiscard)
+				return nil, status.Errorf(codes.InvalidArgument, "unknown parameter %q (known: %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+					k, ParamProvisioning, ParamMkfsOptions, ParamDirectIO, ParamFSType, ParamDiscard,
+					ParamReadIOPS, ParamWriteIOPS, ParamReadBPS, ParamWriteBPS)
 			}
 		}
 	}
@@ -135,8 +147,8 @@ func parseRequest(caps []*csi.VolumeCapability, params map[string]string, cr *cs
 	if err := r.NormalizeLayout(); err != nil {
 		return nil, toStatus(err)
 	}
-	if s.discard && (r.Preallocate || r.Mode == volume.ModeBlock) {
-		return nil, status.Errorf(codes.InvalidArgument, "parameter %s=true applies to thin filesystem volumes only (thick volumes keep their blocks; block volumes are not mounted)", ParamDiscard)
+	if err := checkDiscard(s.discard, r.Preallocate, r.Mode); err != nil {
+		return nil, err
 	}
 	size, err := sizeFor(cr, r.FSType)
 	if err != nil {
@@ -247,6 +259,8 @@ func (s *spec) incompatibility(v *volume.Volume) string {
 		return fmt.Sprintf("its directIO is %t", v.DirectIO)
 	case s.discard != (v.Labels[LabelDiscard] == "true"):
 		return fmt.Sprintf("its discard is %t", !s.discard)
+	case v.IOLimits != s.req.IOLimits:
+		return fmt.Sprintf("its I/O limits are %s", volume.FormatLimits(v.IOLimits))
 	}
 	return ""
 }
@@ -288,15 +302,16 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if err := volume.ValidateName(name); err != nil {
 		return nil, toStatus(err)
 	}
-	s, err := parseRequest(req.GetVolumeCapabilities(), req.GetParameters(), req.GetCapacityRange())
+	params, err := withMutable(req.GetParameters(), req.GetMutableParameters())
+	if err != nil {
+		return nil, err
+	}
+	s, err := parseRequest(req.GetVolumeCapabilities(), params, req.GetCapacityRange())
 	if err != nil {
 		return nil, err
 	}
 	if req.GetVolumeContentSource() != nil {
 		return nil, status.Error(codes.InvalidArgument, "volume content sources (snapshots, clones) are not supported")
-	}
-	if len(req.GetMutableParameters()) > 0 {
-		return nil, status.Error(codes.InvalidArgument, "mutable parameters are not supported")
 	}
 	if !d.onThisNode(req.GetAccessibilityRequirements()) {
 		return nil, status.Errorf(codes.ResourceExhausted, "volumes of node %s can only be accessible from %s=%s", d.nodeID, TopologyKey, d.nodeID)

@@ -127,6 +127,17 @@ func TestParseRequest(t *testing.T) {
 		{name: "mkfs xfs uuid", caps: []*csi.VolumeCapability{mount("xfs")}, params: map[string]string{ParamMkfsOptions: "-muuid=11111111-1111-1111-1111-111111111111"}, code: codes.InvalidArgument},
 		{name: "mkfs dry run", caps: []*csi.VolumeCapability{mount("")}, params: map[string]string{ParamMkfsOptions: "-n"}, code: codes.InvalidArgument},
 		{name: "mkfs xfs dry run", caps: []*csi.VolumeCapability{mount("xfs")}, params: map[string]string{ParamMkfsOptions: "-N"}, code: codes.InvalidArgument},
+		{name: "I/O limits", caps: []*csi.VolumeCapability{block},
+			params: map[string]string{ParamReadIOPS: "300", ParamWriteIOPS: "max", ParamReadBPS: "1.5Mi", ParamWriteBPS: "10M"},
+			check: func(s *spec) error {
+				if s.req.IOLimits != (volume.IOLimits{ReadIOPS: 300, ReadBPS: 3 << 19, WriteBPS: 10 << 20}) {
+					return fmt.Errorf("limits %+v", s.req.IOLimits)
+				}
+				return nil
+			}},
+		{name: "negative limit", caps: []*csi.VolumeCapability{block}, params: map[string]string{ParamWriteBPS: "-1"}, code: codes.InvalidArgument},
+		{name: "IOPS beyond 32 bits", caps: []*csi.VolumeCapability{block}, params: map[string]string{ParamReadIOPS: "4294967296"}, code: codes.InvalidArgument},
+		{name: "limit garbage", caps: []*csi.VolumeCapability{block}, params: map[string]string{ParamWriteIOPS: "fast"}, code: codes.InvalidArgument},
 		{name: "mkfs options tokenised", caps: []*csi.VolumeCapability{mount("")}, params: map[string]string{ParamMkfsOptions: " -b 4096\t-L data "},
 			check: func(s *spec) error {
 				if strings.Join(s.req.MkfsOptions, "|") != "-b|4096|-L|data" {
@@ -184,6 +195,7 @@ func TestToStatus(t *testing.T) {
 		{wrap(volume.ErrNoSpace), codes.ResourceExhausted},
 		{wrap(volume.ErrBusy), codes.FailedPrecondition},
 		{wrap(volume.ErrNotReady), codes.Unavailable},
+		{wrap(volume.ErrNotSupported), codes.FailedPrecondition},
 		{wrap(context.DeadlineExceeded), codes.DeadlineExceeded},
 		{errors.New("mkfs exploded"), codes.Internal},
 		{status.Error(codes.Aborted, "busy"), codes.Aborted},

@@ -209,7 +209,7 @@ func toStatus(err error) error {
 		code = codes.AlreadyExists
 	case errors.Is(err, volume.ErrNoSpace):
 		code = codes.ResourceExhausted
-	case errors.Is(err, volume.ErrBusy), errors.Is(err, volume.ErrMismatch),
+	case errors.Is(err, volume.ErrBusy), errors.Is(err, volume.ErrMismatch), errors.Is(err, volume.ErrNotSupported),
 		errors.Is(err, volume.ErrUnsafe), errors.Is(err, volume.ErrOrphaned):
 		code = codes.FailedPrecondition
 	case errors.Is(err, volume.ErrNotReady):

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/sparsevol/sparsevol/internal/iolimit"
 	"github.com/sparsevol/sparsevol/internal/loop"
 	"github.com/sparsevol/sparsevol/internal/testutil"
 	"github.com/sparsevol/sparsevol/internal/unixsock"
@@ -51,6 +52,9 @@ type envOptions struct {
 	tmpfsBytes int64
 	// overcommit is the store's overcommit ratio (0: the default, 1).
 	overcommit float64
+	// limits says where I/O limits go (a test's own cgroup; the zero
+	// value is the node's pods' cgroup).
+	limits iolimit.Config
 }
 
 // newTestEnv starts a plugin for t. At cleanup it checks that no loop
@@ -88,7 +92,7 @@ func newTestEnv(t testing.TB, opts ...envOptions) *testEnv {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	off := false
-	store, err := volume.Open(root, volume.Options{Logger: log, DirectIO: &off, OvercommitRatio: o.overcommit})
+	store, err := volume.Open(root, volume.Options{Logger: log, DirectIO: &off, OvercommitRatio: o.overcommit, IOLimits: o.limits})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,9 +31,6 @@ var expectedSkips = map[string]string{
 	"DeleteSnapshot not supported":                         "snapshots are not implemented",
 	"CreateSnapshot not supported":                         "snapshots are not implemented",
 	"Volume Cloning not supported":                         "cloning is not implemented (issue 4 does not ask for it)",
-	"Modify volume not supported":                          "ControllerModifyVolume (VolumeAttributesClass) is not implemented",
-	"Modify Volume not supported":                          "ControllerModifyVolume (VolumeAttributesClass) is not implemented",
-	"ControllerModifyVolume not supported":                 "ControllerModifyVolume (VolumeAttributesClass) is not implemented",
 	"ControllerGetVolumeHealth not supported":              "volume health is reported by the node service (NodeGetVolumeHealth), where the device lives",
 	"ControllerListVolumeHealth not supported":             "volume health is reported by the node service (NodeGetVolumeHealth), where the device lives",
 	"GroupControllerService not supported":                 "volume group snapshots are not implemented",
@@ -76,6 +73,10 @@ func TestSanity(t *testing.T) {
 		cfg.TestVolumeSize = 512 << 20
 		cfg.IDGen = uuidGen{}
 		cfg.IdempotentCount = 3
+		// A VolumeAttributesClass every configuration takes on any host
+		// (limits need cgroup v2's io controller; the modify tests cover
+		// them).
+		cfg.TestVolumeMutableParameters = map[string]string{ParamDirectIO: "true"}
 		name, ext4 := c.name, c.params[ParamFSType] == "ext4"
 		Describe(name, func() {
 			BeforeEach(func() {

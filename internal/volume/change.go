@@ -41,10 +41,10 @@ func ParseBPS(s string) (uint64, error) {
 	return uint64(n), nil
 }
 
-// checkLimits is the rule for I/O limits: values the kernel enforces as
+// CheckLimits is the rule for I/O limits: values the kernel enforces as
 // given, and a host that can enforce them at all. Errors wrap ErrInvalid
 // or ErrNotSupported; nothing is changed.
-func (s *Store) checkLimits(l IOLimits) error {
+func (s *Store) CheckLimits(l IOLimits) error {
 	if err := l.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", err, ErrInvalid)
 	}
@@ -133,7 +133,7 @@ type Change struct {
 // (its data is the same).
 func (s *Store) Change(ref string, ch Change) (*Status, error) {
 	if ch.IOLimits != nil {
-		if err := s.checkLimits(*ch.IOLimits); err != nil {
+		if err := s.CheckLimits(*ch.IOLimits); err != nil {
 			return nil, fmt.Errorf("change %s: %w", ref, err)
 		}
 	}

@@ -141,7 +141,7 @@ func (s *Store) Create(ctx context.Context, req CreateRequest) (*Volume, error) 
 	if err := req.Normalize(); err != nil {
 		return nil, fmt.Errorf("create %s: %w", req.Name, err)
 	}
-	if err := s.checkLimits(req.IOLimits); err != nil {
+	if err := s.CheckLimits(req.IOLimits); err != nil {
 		return nil, fmt.Errorf("create %s: %w", req.Name, err)
 	}
 	v, err := s.reserve(req)
