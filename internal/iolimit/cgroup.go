@@ -186,6 +186,25 @@ func (c Config) Get(dev uint64) (Limits, error) {
 	return readEntry(cg, dev)
 }
 
+// Entries returns every io.max entry of the pods' cgroup by device
+// number: one read for many devices (attach --all). Empty where the host
+// cannot hold limits or the cgroup does not exist yet.
+func (c Config) Entries() (map[uint64]Limits, error) {
+	out := map[uint64]Limits{}
+	if c.Supported() != nil {
+		return out, nil
+	}
+	cg, ok := c.find()
+	if !ok {
+		return out, nil
+	}
+	err := eachEntry(cg, func(maj, min uint32, l Limits) bool {
+		out[unix.Mkdev(maj, min)] = l
+		return true
+	})
+	return out, err
+}
+
 // enableIO enables the io controller in the subtree_control of every
 // cgroup from mount down to cg's parent that does not have it yet, so
 // that cg has an io.max.
@@ -242,29 +261,43 @@ func writeFile(p, s string) error {
 
 // readEntry returns dev's limits in cg's io.max (zero if it has none).
 func readEntry(cg string, dev uint64) (Limits, error) {
+	var got Limits
+	err := eachEntry(cg, func(maj, min uint32, l Limits) bool {
+		if maj == unix.Major(dev) && min == unix.Minor(dev) {
+			got = l
+			return false
+		}
+		return true
+	})
+	return got, err
+}
+
+// eachEntry calls fn for each entry of cg's io.max until fn returns
+// false. A cgroup without io.max has none.
+func eachEntry(cg string, fn func(maj, min uint32, l Limits) bool) error {
 	p := filepath.Join(cg, "io.max")
 	f, err := os.Open(p)
 	if errors.Is(err, fs.ErrNotExist) {
-		return Limits{}, nil
+		return nil
 	}
 	if err != nil {
-		return Limits{}, fmt.Errorf("read %s: %w", p, err)
+		return fmt.Errorf("read %s: %w", p, err)
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		maj, min, l, err := parseLine(sc.Text())
 		if err != nil {
-			return Limits{}, fmt.Errorf("read %s: %w", p, err)
+			return fmt.Errorf("read %s: %w", p, err)
 		}
-		if maj == unix.Major(dev) && min == unix.Minor(dev) {
-			return l, nil
+		if !fn(maj, min, l) {
+			return nil
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return Limits{}, fmt.Errorf("read %s: %w", p, err)
+		return fmt.Errorf("read %s: %w", p, err)
 	}
-	return Limits{}, nil
+	return nil
 }
 
 // DeviceNumber returns the device number of the block device node at

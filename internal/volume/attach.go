@@ -468,8 +468,13 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 	maps.Copy(attached, newly)
 	errs = append(errs, bindErrs...)
 	s.log.Info("bound; waiting for udev", "bound", len(bound), "failed", len(bindErrs))
+	entries, err := s.opts.IOLimits.Entries() // one read for all
+	if err != nil {
+		s.log.Warn("reading I/O limits", "error", err)
+		entries = nil
+	}
 	for v, dev := range attached {
-		if err := s.applyLimits(v, dev); err != nil {
+		if err := s.applyLimitsOver(v, dev, entries); err != nil {
 			errs = append(errs, fmt.Errorf("attach %s: %w", v.Name, err))
 			delete(attached, v)
 			if _, fresh := newly[v]; fresh {

@@ -59,7 +59,16 @@ func (s *Store) CheckLimits(l IOLimits) error {
 // of that number served before). The caller holds v's lock and has proven
 // dev v's.
 func (s *Store) applyLimits(v *Volume, dev *loop.Device) error {
+	return s.applyLimitsOver(v, dev, nil)
+}
+
+// applyLimitsOver is applyLimits knowing the cgroup's entries (nil: not
+// read), which spares a volume whose entry is right already any write.
+func (s *Store) applyLimitsOver(v *Volume, dev *loop.Device, entries map[uint64]IOLimits) error {
 	n, err := iolimit.DeviceNumber(dev.Path)
+	if err == nil && entries != nil && entries[n] == v.IOLimits {
+		return nil
+	}
 	if err == nil {
 		err = s.opts.IOLimits.Set(n, v.IOLimits)
 	}

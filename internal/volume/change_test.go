@@ -156,6 +156,11 @@ func TestLimitsFollowTheDevice(t *testing.T) {
 		}
 		return
 	}
+	made := mustCreate(t, s, CreateRequest{Name: "made-limited", SizeBytes: 16 << 20, Mode: ModeBlock, NoPartition: true, IOLimits: want, KeepAttached: true})
+	t.Cleanup(func() { s.Detach(made.UUID, DetachOptions{}) })
+	if got, err := cfg.Get(devNumber(t, s, made.UUID)); err != nil || got != want {
+		t.Fatalf("io.max entry of a volume created attached with limits = %+v, %v; want %+v", got, err, want)
+	}
 	v := rawAttached(t, s, "limited")
 	n := devNumber(t, s, v.UUID)
 	if _, err := s.Change(v.UUID, Change{IOLimits: &want}); err != nil {

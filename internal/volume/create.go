@@ -317,6 +317,15 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) (err er
 	crashPoint("create:ready")
 	s.log.Info("volume created", "volume", v.Name, "uuid", v.UUID, "size", v.SizeBytes, "mode", v.Mode, "fs", v.FSType)
 	if req.KeepAttached {
+		// The device is shown only with its limits (Create checked that
+		// the host enforces them); if they fail, the ready volume is left
+		// detached, for its unit or the next attach.
+		if err := s.applyLimits(v, dev); err != nil {
+			if derr := s.detachDevices(v, nil, DetachOptions{}); derr != nil {
+				err = errors.Join(err, derr)
+			}
+			return fmt.Errorf("volume %s was created, but not attached: %w", v.Name, err)
+		}
 		return s.finishAttach(ctx, v, dev)
 	}
 	return s.detachDevices(v, nil, DetachOptions{})
