@@ -563,3 +563,81 @@ func TestOwnerCheck(t *testing.T) {
 		})
 	}
 }
+
+// TestUnshared: a file no device holds is unshared; any device bound to
+// it, read-write or read-only, ours or losetup's, and any other opener
+// makes it shared; a detach makes it unshared again.
+func TestUnshared(t *testing.T) {
+	testutil.RequireRoot(t)
+	tests := []struct {
+		name  string
+		bind  func(t *testing.T, path string) (undo func())
+		flags int // how the caller opens the file to ask
+		want  bool
+	}{
+		{"nothing bound", nil, unix.O_RDWR, true},
+		{"nothing bound, asked read-only", nil, unix.O_RDONLY, true},
+		{"our device", func(t *testing.T, path string) func() {
+			fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dev, err := Attach(fd, AttachOptions{Tag: "sparsevol:unshared"})
+			unix.Close(fd) // the device holds the file, not this fd
+			if err != nil {
+				t.Fatal(err)
+			}
+			return func() {
+				if err := Detach(dev.Path, ownerOf(dev)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}, unix.O_RDWR, false},
+		{"losetup read-only", func(t *testing.T, path string) func() {
+			dev := testutil.Losetup(t, path, "-r")
+			return func() {
+				if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
+					t.Fatalf("losetup -d: %v: %s", err, out)
+				}
+			}
+		}, unix.O_RDONLY, false},
+		{"another opener", func(t *testing.T, path string) func() {
+			f, err := os.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return func() { f.Close() }
+		}, unix.O_RDWR, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path, _ := backingFile(t, 16<<20)
+			ask := func() bool {
+				t.Helper()
+				fd, err := unix.Open(path, tt.flags|unix.O_CLOEXEC, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer unix.Close(fd)
+				free, err := Unshared(fd)
+				if err != nil {
+					t.Fatalf("Unshared: %v", err)
+				}
+				return free
+			}
+			var undo func()
+			if tt.bind != nil {
+				undo = tt.bind(t, path)
+			}
+			if got := ask(); got != tt.want {
+				t.Fatalf("Unshared = %t, want %t", got, tt.want)
+			}
+			if undo != nil {
+				undo()
+				if !ask() {
+					t.Fatal("Unshared = false once the device was gone")
+				}
+			}
+		})
+	}
+}

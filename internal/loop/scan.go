@@ -188,3 +188,28 @@ func Bound(ids ...FileID) (map[FileID][]*Device, error) {
 	}
 	return out, nil
 }
+
+// Unshared reports whether the file open as fd is open nowhere else: then
+// no loop device is bound to it, since a bound device holds an open file
+// of its own. It asks the kernel by taking a write lease on fd and
+// dropping it at once; the kernel grants one only while fd's is the
+// file's only open file (fcntl(2), F_SETLEASE). It costs two fcntl calls,
+// whatever the number of bound devices. false means "maybe bound": a
+// device or some process has the file open, and only a scan (Bound) can
+// tell. An error means this kernel or filesystem gives no leases; the
+// caller scans then too. The lease is held for no longer than the call,
+// with no owner for its break signal: an opener racing it waits, at most,
+// for the second fcntl.
+func Unshared(fd int) (bool, error) {
+	_, err := unix.FcntlInt(uintptr(fd), unix.F_SETLEASE, unix.F_WRLCK)
+	if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EBUSY) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("take a lease: %w", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETLEASE, unix.F_UNLCK); err != nil {
+		return false, fmt.Errorf("drop a lease: %w", err)
+	}
+	return true, nil
+}
