@@ -97,17 +97,26 @@ func (s *Store) openOwned(v *Volume, op string) (fd int, id loop.FileID, ours []
 	if err != nil {
 		return -1, id, nil, fmt.Errorf("%s %s: %w", op, v.Name, err)
 	}
+	if ours, err = scanOwned(v, id, op); err != nil {
+		unix.Close(fd)
+		return -1, id, nil, err
+	}
+	return fd, id, ours, nil
+}
+
+// scanOwned finds v's own devices on its backing file (identity id) by a
+// look at every bound device, refusing with ErrUnsafe while a device
+// someone else bound holds the file. op names the operation in errors.
+func scanOwned(v *Volume, id loop.FileID, op string) ([]*loop.Device, error) {
 	bound, err := loop.Bound(id)
 	if err != nil {
-		unix.Close(fd)
-		return -1, id, nil, fmt.Errorf("%s %s: %w", op, v.Name, err)
+		return nil, fmt.Errorf("%s %s: %w", op, v.Name, err)
 	}
 	ours, foreign := devicesOf(v, []loop.FileID{id}, bound)
 	if len(foreign) > 0 {
-		unix.Close(fd)
-		return -1, id, nil, foreignError(op, v, foreign)
+		return nil, foreignError(op, v, foreign)
 	}
-	return fd, id, ours, nil
+	return ours, nil
 }
 
 // attachDevice returns v's loop device, binding one if there is none;
@@ -115,30 +124,65 @@ func (s *Store) openOwned(v *Volume, op string) (fd int, id loop.FileID, ours []
 // concurrent attaches of the same volume end with one device. A backing
 // file that breaks the rules, or that someone else bound, is refused with
 // ErrUnsafe.
+//
+// It costs the same with ten devices bound or a thousand: the device
+// v's link names (what attach last published for v) is looked at first,
+// then whether anything holds the file at all (loop.Unshared); only a
+// file held by something else is scanned for (scanOwned). A device proven
+// v's (v.owner) is the answer; devices someone else bound beside it were
+// refused when it was bound, and are not looked for again. A file that
+// is held is scanned, so a device someone else bound to it is refused
+// before one of ours is bound next to it.
 func (s *Store) attachDevice(v *Volume) (dev *loop.Device, fresh bool, err error) {
-	fd, id, ours, err := s.openOwned(v, "attach")
+	fd, id, err := s.openBacking(v.UUID, unix.O_RDWR)
 	if err != nil {
-		return nil, false, err
+		return nil, false, fmt.Errorf("attach %s: %w", v.Name, err)
 	}
 	defer unix.Close(fd)
+	linked := linkedDevice(v.UUID)
+	var ours []*loop.Device
+	switch {
+	case linked != nil && v.owner(id).Check(linked) == nil:
+		ours = []*loop.Device{linked}
+	case s.unshared(v, fd):
+		// No device holds the file: none to keep, none to refuse.
+	default:
+		if ours, err = scanOwned(v, id, "attach"); err != nil {
+			return nil, false, err
+		}
+	}
 	for _, d := range ours {
 		if dev, err := s.keep(v, d); dev != nil || err != nil {
 			return dev, false, err
 		}
 	}
-	if err := linkTaken(v, id); err != nil {
+	if err := linkTakenBy(v, id, linked); err != nil {
 		return nil, false, err
 	}
 	dev, err = s.bind(v, fd)
 	return dev, err == nil, err
 }
 
+// unshared reports whether v's backing file, open as fd, is open nowhere
+// else, so that no loop device holds it (loop.Unshared); false where the
+// kernel cannot tell.
+func (s *Store) unshared(v *Volume, fd int) bool {
+	free, err := loop.Unshared(fd)
+	if err != nil {
+		s.log.Debug("no lease on the backing file; scanning the loop devices", "volume", v.Name, "err", err)
+	}
+	return free
+}
+
 // linkTaken refuses to attach v (backing file id) while its node-wide
 // /dev/sparsevol/<uuid> link serves a device that is not v's: another
 // store's volume with the same UUID. Checked before binding, so a refused
 // attach leaves no device behind.
-func linkTaken(v *Volume, id loop.FileID) error {
-	other := linkedDevice(v.UUID)
+func linkTaken(v *Volume, id loop.FileID) error { return linkTakenBy(v, id, linkedDevice(v.UUID)) }
+
+// linkTakenBy is linkTaken for a caller that read the link (linkedDevice)
+// itself: other is the device it serves, or nil.
+func linkTakenBy(v *Volume, id loop.FileID, other *loop.Device) error {
 	if other == nil || v.owner(id).Check(other) == nil {
 		return nil
 	}
@@ -606,7 +650,10 @@ func (s *Store) detachDevices(v *Volume, bound map[loop.FileID][]*loop.Device, o
 	s.cleanupTempMount(v)
 	ids := s.backingIDs(v)
 	if bound == nil {
-		var err error
+		done, err := s.detachRecorded(v, ids, opts)
+		if done || err != nil {
+			return err
+		}
 		if bound, err = loop.Bound(ids...); err != nil {
 			return fmt.Errorf("detach %s: %w", v.Name, err)
 		}
@@ -623,22 +670,74 @@ func (s *Store) detachDevices(v *Volume, bound map[loop.FileID][]*loop.Device, o
 	}
 	var deferred error
 	for _, dev := range ours {
-		err := loop.Detach(dev.Path, v.owner(dev.Backing))
-		switch {
-		case err == nil, errors.Is(err, loop.ErrNotAttached):
-			s.log.Info("volume detached", "volume", v.Name, "uuid", v.UUID, "device", dev.Path)
-			s.removeLimits(v, dev)
-		case errors.Is(err, loop.ErrDeferred):
-			// Going away at the opener's last close: no longer published.
-			deferred = fmt.Errorf("detach %s: %w", v.Name, err)
-		case errors.Is(err, loop.ErrBusy):
-			return fmt.Errorf("detach %s: %w: %w", v.Name, ErrBusy, err)
-		default:
-			return fmt.Errorf("detach %s: %w", v.Name, err)
+		if err := s.detachOwn(v, dev); errors.Is(err, loop.ErrDeferred) {
+			deferred = err
+		} else if err != nil {
+			return err
 		}
 	}
 	s.unpublish(v, ours)
 	return deferred
+}
+
+// detachRecorded is detachDevices for one volume without a look at every
+// bound device, where that settles it (done): it detaches the device v's
+// link names if it is provably v's (what attach last published for v),
+// and is done once v's backing file is open nowhere else (loop.Unshared),
+// which proves no other device holds it. Where it cannot prove that (the
+// file is still held, is gone, or a device may hold an older file of v's
+// recorded identity), done is false and the caller scans. It keeps
+// detachDevices' rules: an orphaned volume is refused without opts.Force,
+// a busy device is refused, a deferred detach is reported.
+func (s *Store) detachRecorded(v *Volume, ids []loop.FileID, opts DetachOptions) (done bool, err error) {
+	if len(ids) != 1 {
+		return false, nil // nothing known, or the file was replaced under a device
+	}
+	var ours []*loop.Device
+	if d := linkedDevice(v.UUID); d != nil && d.Backing == ids[0] && v.owner(d.Backing).Check(d) == nil {
+		ours = []*loop.Device{d}
+		if !opts.Force {
+			if err := s.orphaned(v, ours); err != nil {
+				return true, fmt.Errorf("detach %s: %w", v.Name, err)
+			}
+		}
+		switch err := s.detachOwn(v, d); {
+		case errors.Is(err, loop.ErrDeferred):
+			// d holds the file until its last opener closes it.
+			s.unpublish(v, ours)
+			return true, err
+		case err != nil:
+			return true, err
+		}
+	}
+	fd, id, err := s.openBacking(v.UUID, unix.O_RDONLY)
+	if err != nil {
+		return false, nil // gone or unsafe: the scan finds what holds the recorded file
+	}
+	defer unix.Close(fd)
+	if id != ids[0] || !s.unshared(v, fd) {
+		return false, nil
+	}
+	s.unpublish(v, ours)
+	return true, nil
+}
+
+// detachOwn detaches d, a device proven v's; ErrDeferred (wrapped) if the
+// kernel only marked it for detach at its last close.
+func (s *Store) detachOwn(v *Volume, d *loop.Device) error {
+	err := loop.Detach(d.Path, v.owner(d.Backing))
+	switch {
+	case err == nil, errors.Is(err, loop.ErrNotAttached):
+		s.log.Info("volume detached", "volume", v.Name, "uuid", v.UUID, "device", d.Path)
+		s.removeLimits(v, d)
+		return nil
+	case errors.Is(err, loop.ErrDeferred):
+		// Going away at the opener's last close: no longer published.
+		return fmt.Errorf("detach %s: %w", v.Name, err)
+	case errors.Is(err, loop.ErrBusy):
+		return fmt.Errorf("detach %s: %w: %w", v.Name, ErrBusy, err)
+	}
+	return fmt.Errorf("detach %s: %w", v.Name, err)
 }
 
 // orphaned returns ErrOrphaned if v's backing file is gone while ours (v's

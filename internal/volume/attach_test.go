@@ -1,0 +1,91 @@
+package volume
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/sparsevol/sparsevol/internal/loop"
+	"github.com/sparsevol/sparsevol/internal/testutil"
+)
+
+// TestAttachDetachWhateverTheLink: attach and detach read the device the
+// volume's link names first; whatever became of the link since (removed,
+// pointed at another device, a foreign device bound next to ours), a
+// second attach keeps the one device, detach removes exactly ours, and
+// devices someone else bound are left alone.
+func TestAttachDetachWhateverTheLink(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name string
+		// meddle runs between the first and the second attach; it
+		// returns a device that must survive the detach, if any.
+		meddle func(t *testing.T, v *Volume, dev string) string
+	}{
+		{"link intact", func(*testing.T, *Volume, string) string { return "" }},
+		{"link removed", func(t *testing.T, v *Volume, _ string) string {
+			if err := os.Remove(linkPath(v.UUID)); err != nil {
+				t.Fatal(err)
+			}
+			return ""
+		}},
+		{"link to another file's device", func(t *testing.T, v *Volume, _ string) string {
+			other := filepath.Join(t.TempDir(), "other")
+			if err := os.WriteFile(other, make([]byte, 1<<20), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			foreign := testutil.Losetup(t, other)
+			if err := setLink(v.UUID, foreign); err != nil {
+				t.Fatal(err)
+			}
+			return foreign
+		}},
+		{"foreign device beside ours", func(t *testing.T, v *Volume, _ string) string {
+			return testutil.Losetup(t, v.BackingFile, "-r", "-o", "4096")
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newStore(t, Options{})
+			v := mustCreate(t, s, CreateRequest{Name: "v", SizeBytes: 4 << 20, Mode: ModeBlock, NoPartition: true})
+			t.Cleanup(func() { os.Remove(linkPath(v.UUID)) })
+			first, err := s.Attach(ctx, v.UUID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			keep := tt.meddle(t, v, first.Device)
+			second, err := s.Attach(ctx, v.UUID)
+			if err != nil {
+				t.Fatalf("second attach: %v", err)
+			}
+			if second.Device != first.Device {
+				t.Fatalf("second attach gave %s, first %s", second.Device, first.Device)
+			}
+			if st, _ := s.Status(v.UUID); len(st.ExtraDevices) > 0 {
+				t.Fatalf("attached twice: %s and %v", st.Device, st.ExtraDevices)
+			}
+			if err := s.Detach(v.UUID, DetachOptions{}); err != nil {
+				t.Fatalf("detach: %v", err)
+			}
+			id := v.backingID()
+			bound, err := loop.Bound(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range bound[id] {
+				if d.Path != keep {
+					t.Errorf("%s still bound to the volume's file after detach", d.Path)
+				}
+			}
+			if keep != "" {
+				if _, err := loop.Get(keep); err != nil {
+					t.Errorf("the device someone else bound, %s, is gone: %v", keep, err)
+				}
+			}
+			if err := s.Detach(v.UUID, DetachOptions{}); err != nil {
+				t.Fatalf("second detach: %v", err)
+			}
+		})
+	}
+}
