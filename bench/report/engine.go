@@ -195,7 +195,7 @@ func runAttach(ctx context.Context, c *config, r *report) error {
 		baseline: "limit 25 MiB", ratio: float64(25<<20) / float64(rss), target: "< 25 MiB", met: check(rss < 25<<20)})
 	r.add(row{section: "peak RSS (ratio: limit or baseline / ours)", name: fmt.Sprintf("`attach --all` of %d volumes, against one `losetup --find --show` process (for scale)", n), value: human(float64(rss)),
 		baseline: "losetup " + human(float64(losetupRSS)), ratio: float64(losetupRSS) / float64(rss)})
-	return nil
+	return runPerCall(ctx, c, r, s, uuids)
 }
 
 // runCreate: create + format of 1 GiB ext4 and XFS volumes, median of
