@@ -18,15 +18,23 @@ type build struct {
 	Go       string
 }
 
+// version is the release version the build stamps into the binary
+// (make: -ldflags "-X <this package>.version=$(VERSION)"), the one the
+// packages carry. Empty in a plain `go build`: the module version is used.
+var version string
+
 // readBuild reads the build information the Go toolchain embeds.
 func readBuild() build {
 	b := build{Version: "devel"}
+	if version != "" {
+		b.Version = version
+	}
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		return b
 	}
 	b.Go = bi.GoVersion
-	if v := bi.Main.Version; v != "" && v != "(devel)" {
+	if v := bi.Main.Version; v != "" && v != "(devel)" && version == "" {
 		b.Version = v
 	}
 	for _, s := range bi.Settings {
