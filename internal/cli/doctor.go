@@ -30,37 +30,63 @@ func newUnitsCommand(g *globals) *cobra.Command {
   sparsevol units uninstall`,
 		Short: "Install or remove the sparsevol@.service template, the boot units and the generator",
 	}
-	cmd.AddCommand(&cobra.Command{
-		Use:   "install",
+	var binary string
+	var offline bool
+	install := &cobra.Command{
+		Use: "install",
+		Example: `  sparsevol units install
+  # stage a package's root: units for /usr/bin/sparsevol, no reload
+  sparsevol --unit-dir pkgroot/usr/lib/systemd/system units install --binary /usr/bin/sparsevol --offline`,
 		Short: "Write the units and the generator link for this binary and store, and reload systemd",
-		Args:  exactArgs(0),
+		Long: `Write sparsevol@.service, the boot units and the generator link into the
+unit directory (--unit-dir; the generator goes to the system-generators
+directory beside it), for the binary --binary (default: this one) and the
+store --root, then reload systemd where it runs. --offline writes into a
+root being staged (a package or an image) and reloads nothing.`,
+		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			bin, err := os.Executable()
-			if err != nil {
-				return err
+			bin := binary
+			if bin == "" {
+				var err error
+				if bin, err = os.Executable(); err != nil {
+					return err
+				}
+			}
+			if !filepath.IsAbs(bin) {
+				return usagef("--binary must be an absolute path, got %q", bin)
 			}
 			root, err := filepath.Abs(g.root)
 			if err != nil {
 				return err
 			}
-			paths, err := g.units().Install(cmd.Context(), bin, root)
+			u := g.units()
+			u.Offline = offline
+			paths, err := u.Install(cmd.Context(), bin, root)
 			for _, p := range paths {
 				fmt.Fprintln(g.stdout, p)
 			}
 			return err
 		},
-	}, &cobra.Command{
-		Use:   "uninstall",
-		Short: "Remove the units and the generator (enabled volumes keep their data; disable them first)",
-		Args:  exactArgs(0),
+	}
+	install.Flags().StringVar(&binary, "binary", "", "absolute path of the binary the units run (default: this binary)")
+	install.Flags().BoolVar(&offline, "offline", false, "write files only: do not reload systemd (staging a package or image root)")
+	uninstall := &cobra.Command{
+		Use:     "uninstall",
+		Example: "  sparsevol units uninstall",
+		Short:   "Remove the units and the generator (enabled volumes keep their data; disable them first)",
+		Args:    exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			paths, err := g.units().Uninstall(cmd.Context())
+			u := g.units()
+			u.Offline = offline
+			paths, err := u.Uninstall(cmd.Context())
 			for _, p := range paths {
 				fmt.Fprintln(g.stdout, p)
 			}
 			return err
 		},
-	}, &cobra.Command{
+	}
+	uninstall.Flags().BoolVar(&offline, "offline", false, "remove files only: do not reload systemd (a staged root)")
+	cmd.AddCommand(install, uninstall, &cobra.Command{
 		Use:    "generate NORMAL_DIR [EARLY_DIR LATE_DIR]",
 		Short:  "Act as systemd generator (what " + systemd.GeneratorName + " runs)",
 		Hidden: true,

@@ -163,3 +163,41 @@ func TestInstallLinksGenerator(t *testing.T) {
 		}
 	}
 }
+
+// TestInstalled: the template counts as installed in the unit directory
+// or where a package puts it, and nowhere else.
+func TestInstalled(t *testing.T) {
+	tests := []struct {
+		name   string
+		in     string // "etc", "vendor" or "" (nowhere)
+		vendor bool   // the Manager searches the vendor directory
+		want   bool
+	}{
+		{"nowhere", "", true, false},
+		{"unit dir", "etc", true, true},
+		{"package", "vendor", true, true},
+		{"package, vendor dirs not searched", "vendor", false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			m := Manager{Dir: filepath.Join(dir, "etc"), VendorDirs: []string{}}
+			vendor := filepath.Join(dir, "usr/lib/systemd/system")
+			if tt.vendor {
+				m.VendorDirs = []string{filepath.Join(dir, "missing"), vendor}
+			}
+			if tt.in != "" {
+				d := map[string]string{"etc": m.Dir, "vendor": vendor}[tt.in]
+				if err := os.MkdirAll(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(d, TemplateName), nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := m.Installed(); got != tt.want {
+				t.Errorf("Installed() = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}

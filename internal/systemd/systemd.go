@@ -21,6 +21,12 @@ import (
 // DefaultUnitDir is where the template and drop-ins are written.
 const DefaultUnitDir = "/etc/systemd/system"
 
+// VendorUnitDirs are where packages install units (the .deb and .rpm put
+// the template and boot units in the first). systemd loads a unit from
+// DefaultUnitDir before these, so `sparsevol units install` overrides a
+// package's units.
+var VendorUnitDirs = []string{"/usr/lib/systemd/system", "/lib/systemd/system"}
+
 // TemplateName is the template unit's file name.
 const TemplateName = "sparsevol@.service"
 
@@ -46,6 +52,12 @@ func UnitName(uuid string) string { return "sparsevol@" + uuid + ".service" }
 type Manager struct {
 	Dir    string // unit directory; DefaultUnitDir if empty
 	RunDir string // boot-mode markers; DefaultRunDir if empty
+	// VendorDirs are searched for the template after Dir (Installed);
+	// if nil, VendorUnitDirs when Dir is DefaultUnitDir, else none.
+	VendorDirs []string
+	// Offline never reloads systemd: Dir belongs to a root being staged
+	// (a package, an image), not to this machine.
+	Offline bool
 }
 
 var _ volume.Lifecycle = Manager{}
@@ -118,10 +130,19 @@ func (m Manager) Uninstall(ctx context.Context) ([]string, error) {
 	return paths, m.reload(ctx)
 }
 
-// Installed reports whether the template is present.
+// Installed reports whether the template is present: in Dir, or where a
+// package installs it (VendorDirs).
 func (m Manager) Installed() bool {
-	_, err := os.Stat(filepath.Join(m.dir(), TemplateName))
-	return err == nil
+	vendor := m.VendorDirs
+	if vendor == nil && m.dir() == DefaultUnitDir {
+		vendor = VendorUnitDirs
+	}
+	for _, d := range append([]string{m.dir()}, vendor...) {
+		if _, err := os.Stat(filepath.Join(d, TemplateName)); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // DropInPath is the per-volume drop-in that points an instance at a store
@@ -201,7 +222,7 @@ func (m Manager) Enabled(uuid string) bool {
 func (m Manager) Reload(ctx context.Context) error { return m.reload(ctx) }
 
 func (m Manager) reload(ctx context.Context) error {
-	if !Running() {
+	if m.Offline || !Running() {
 		return nil
 	}
 	if err := systemctl(ctx, "daemon-reload"); err != nil {
