@@ -2,7 +2,6 @@
 PREFIX   ?= /usr/local
 BINDIR   ?= $(PREFIX)/bin
 UNITDIR  ?= /etc/systemd/system
-GENERATORDIR ?= /etc/systemd/system-generators
 MANDIR   ?= $(PREFIX)/share/man
 STORE    ?= /var/lib/sparsevol
 DESTDIR  ?=
@@ -10,15 +9,26 @@ DESTDIR  ?=
 GO       ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 GOFLAGS  ?= -trimpath
 TEST_TIMEOUT ?= 30m
+# The version stamped into the binary, its manual pages and the packages:
+# 0.0.0+git<commit time, UTC>.<commit> unless given.
+VERSION  ?= $(shell TZ=UTC git log -1 --format='0.0.0+git%cd.%h' --date=format-local:%Y%m%d%H%M%S 2>/dev/null || echo 0.0.0+unknown)
+# One time for every file the build writes (manual pages, packages): the
+# commit's, so two builds of a commit are the same bytes.
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+export SOURCE_DATE_EPOCH
+# -s -w: no symbol table or DWARF (a third of the size; panics still name
+# functions).
+LDFLAGS  = -s -w -X github.com/sparsevol/sparsevol/internal/cli.version=$(VERSION)
 
 .PHONY: all build man test test-short install uninstall bench bench-go bench-report e2e clean vet
 
 all: build
 
+# A static binary (it runs on any node, and in the plugin image, as is).
 # -buildvcs=auto: `sparsevol version` names the commit even where the
-# environment's GOFLAGS turns stamping off.
+# environment's GOFLAGS turns stamping off; VERSION is its version.
 build:
-	$(GO) build $(GOFLAGS) -buildvcs=auto -o bin/sparsevol ./cmd/sparsevol
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS) -buildvcs=auto -ldflags '$(LDFLAGS)' -o bin/sparsevol ./cmd/sparsevol
 
 # The manual pages, generated from the command tree (sparsevol.8 and one
 # page per subcommand).
@@ -58,28 +68,22 @@ fuzz:
 		grep -E '^fuzz: elapsed' $$log | tail -1; \
 	done
 
-UNITS    = sparsevol@.service sparsevol-boot.service sparsevol-boot-done.service
-
-# The same files `sparsevol units install` writes: the units, and the boot
-# generator, a link to the binary (see deploy/systemd/sparsevol-boot.service).
+# The binary, its manual pages, and what `sparsevol units install` writes
+# (the units for $(BINDIR)/sparsevol and $(STORE), the boot generator link
+# beside UNITDIR): the binary renders its own units, nothing here edits
+# them. With DESTDIR (a root being staged) systemd is not reloaded.
 install: build man
 	install -D -m 0755 bin/sparsevol $(DESTDIR)$(BINDIR)/sparsevol
 	install -d -m 0755 $(DESTDIR)$(MANDIR)/man8
 	install -m 0644 bin/man/*.8 $(DESTDIR)$(MANDIR)/man8/
-	install -d -m 0755 $(DESTDIR)$(UNITDIR) $(DESTDIR)$(GENERATORDIR)
-	for u in $(UNITS); do \
-		sed -e 's|/usr/local/bin/sparsevol|$(BINDIR)/sparsevol|g' -e 's|/var/lib/sparsevol|$(STORE)|g' \
-			deploy/systemd/$$u > $(DESTDIR)$(UNITDIR)/$$u && chmod 0644 $(DESTDIR)$(UNITDIR)/$$u || exit 1; \
-	done
-	ln -sfn $(BINDIR)/sparsevol $(DESTDIR)$(GENERATORDIR)/sparsevol-generator
+	bin/sparsevol --root $(STORE) --unit-dir $(DESTDIR)$(UNITDIR) units install \
+		--binary $(BINDIR)/sparsevol $(if $(DESTDIR),--offline)
 	install -d -m 0700 $(DESTDIR)$(STORE)
-	if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 
-uninstall:
-	rm -f $(DESTDIR)$(BINDIR)/sparsevol $(DESTDIR)$(GENERATORDIR)/sparsevol-generator
+uninstall: build
+	bin/sparsevol --unit-dir $(DESTDIR)$(UNITDIR) units uninstall $(if $(DESTDIR),--offline)
+	rm -f $(DESTDIR)$(BINDIR)/sparsevol
 	rm -f $(DESTDIR)$(MANDIR)/man8/sparsevol.8 $(DESTDIR)$(MANDIR)/man8/sparsevol-*.8
-	for u in $(UNITS); do rm -f $(DESTDIR)$(UNITDIR)/$$u; done
-	if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 
 # The issue-5 report: fio through volumes against the backing file,
 # attach/detach of 1000 volumes against losetup, create latency, space
