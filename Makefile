@@ -20,7 +20,7 @@ export SOURCE_DATE_EPOCH
 # functions).
 LDFLAGS  = -s -w -X github.com/sparsevol/sparsevol/internal/cli.version=$(VERSION)
 
-.PHONY: all build man test test-short install uninstall bench bench-go bench-report e2e clean vet
+.PHONY: all build man test test-short install uninstall packages bench bench-go bench-report e2e clean vet
 
 all: build
 
@@ -38,6 +38,7 @@ man: build
 vet:
 	$(GO) vet ./...
 	$(GO) vet -tags crashtest ./...
+	$(GO) -C tools/packages vet ./...
 
 # The test command of the README and of CI. Needs root: real loop devices,
 # mkfs and mounts. -tags crashtest compiles in the crash points the
@@ -84,6 +85,21 @@ uninstall: build
 	bin/sparsevol --unit-dir $(DESTDIR)$(UNITDIR) units uninstall $(if $(DESTDIR),--offline)
 	rm -f $(DESTDIR)$(BINDIR)/sparsevol
 	rm -f $(DESTDIR)$(MANDIR)/man8/sparsevol.8 $(DESTDIR)$(MANDIR)/man8/sparsevol-*.8
+
+# The node packages, bin/packages/sparsevol_<version>_amd64.deb and
+# sparsevol-<version>.x86_64.rpm: `make install` into a staged root with
+# the packages' layout (/usr/bin, units in /usr/lib/systemd/system), packed
+# with the maintainer scripts of deploy/packages by nfpm, run as a Go
+# program from its own module (tools/packages). Reproducible: every file
+# dated SOURCE_DATE_EPOCH. README "Install on a node" says what install,
+# upgrade and remove do; deploy/packages' test checks the packages.
+PKGROOT ?= $(CURDIR)/bin/pkgroot
+PKGDIR  ?= $(CURDIR)/bin/packages
+packages:
+	rm -rf $(PKGROOT) $(PKGDIR)
+	$(MAKE) --no-print-directory install DESTDIR=$(PKGROOT) PREFIX=/usr UNITDIR=/usr/lib/systemd/system STORE=/var/lib/sparsevol
+	$(GO) -C tools/packages run . -root $(PKGROOT) -scripts $(CURDIR)/deploy/packages \
+		-version '$(VERSION)' -mtime $(SOURCE_DATE_EPOCH) -out $(PKGDIR)
 
 # The issue-5 report: fio through volumes against the backing file,
 # attach/detach of 1000 volumes against losetup, create latency, space
