@@ -558,6 +558,22 @@ func TestLimitCommand(t *testing.T) {
 			{args: args("status", "plain"), stdout: []string{"I/O limits:", "none"}},
 			{args: args("list"), notInOut: []string{"lim\t", "lim "}},
 		})
+		// Limits recorded where they could be enforced (the store came
+		// from another host): doctor fails and says what to do.
+		uuid := statuses(t, root)[0].UUID
+		meta := filepath.Join(root, uuid+".json")
+		data, err := os.ReadFile(meta)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data = bytes.Replace(data, []byte(`"uuid":`), []byte(`"ioLimits": {"writeIOPS": 100}, "uuid":`), 1)
+		if err := os.WriteFile(meta, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		runSteps(t, root, []cliStep{
+			{args: args("doctor"), code: 1, stdout: []string{"[FAIL] I/O limits", "1 volume(s) have limits", "--clear"}},
+			{args: args("limit", "plain", "--clear"), stdout: []string{"plain\tnone"}},
+		})
 		mustRun(t, root, "delete", "plain")
 		return
 	}

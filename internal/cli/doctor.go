@@ -227,6 +227,7 @@ func (g *globals) diagnose() []finding {
 				"systemctl enable --now "+systemd.UnitName(st.UUID))
 		}
 	}
+	out = append(out, g.ioLimitFindings(sts)...)
 	return append(out, taggedDevices(s.Root(), ours)...)
 }
 

@@ -124,3 +124,39 @@ func envOr(name, def string) string {
 	}
 	return def
 }
+
+// ioLimitFindings are doctor's checks of I/O limits: the host can enforce
+// the limits volumes have, and each attached one's device carries them.
+func (g *globals) ioLimitFindings(sts []*volume.Status) []finding {
+	var limited []*volume.Status
+	for _, st := range sts {
+		if !st.IOLimits.IsZero() {
+			limited = append(limited, st)
+		}
+	}
+	supported := g.ioLimits.Supported()
+	switch {
+	case supported != nil && len(limited) > 0:
+		return []finding{{"FAIL", "I/O limits", fmt.Sprintf("%d volume(s) have limits (%s first), which this host cannot enforce: %v", len(limited), limited[0].Name, supported),
+			"boot with cgroup v2 (systemd.unified_cgroup_hierarchy=1), or lift them: sparsevol limit VOLUME --clear"}}
+	case supported != nil:
+		return []finding{{"OK", "I/O limits", "none set; this host could not enforce them: " + supported.Error(), ""}}
+	}
+	var out []finding
+	for _, st := range limited {
+		if !st.Attached {
+			continue
+		}
+		n, err := iolimit.DeviceNumber(st.Device)
+		var got volume.IOLimits
+		if err == nil {
+			got, err = g.ioLimits.Get(n)
+		}
+		if err != nil || got != st.IOLimits {
+			out = append(out, finding{"WARN", "I/O limits of " + st.Name,
+				fmt.Sprintf("%s carries %s, the volume has %s (%v)", st.Device, volume.FormatLimits(got), volume.FormatLimits(st.IOLimits), err),
+				"sparsevol limit " + st.Name + " with the same values re-applies them"})
+		}
+	}
+	return append(out, finding{"OK", "I/O limits", fmt.Sprintf("%d volume(s) limited, in %s", len(limited), g.ioLimits.Where()), ""})
+}
