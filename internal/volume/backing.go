@@ -52,14 +52,23 @@ func (s *Store) statBacking(uuid string) (unix.Stat_t, error) {
 		return st, err
 	}
 	defer unix.Close(dir)
-	if err := unix.Fstatat(dir, uuid, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return st, &os.PathError{Op: "stat", Path: s.backingPath(uuid), Err: err}
-	}
-	return st, s.checkBacking(uuid, &st)
+	return s.statIn(dir, uuid, "backing file", s.backingPath(uuid))
 }
 
-// checkBacking applies the rules to a stat of <root>/<uuid>.
-func (s *Store) checkBacking(uuid string, st *unix.Stat_t) error {
+// statIn is statBacking for the file name in the directory dir (the store
+// directory, or its snapshot directory); kind and path name it in errors
+// ("backing file", "/var/lib/sparsevol/<uuid>").
+func (s *Store) statIn(dir int, name, kind, path string) (unix.Stat_t, error) {
+	var st unix.Stat_t
+	if err := unix.Fstatat(dir, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return st, &os.PathError{Op: "stat", Path: path, Err: err}
+	}
+	return st, s.checkFile(kind, path, &st)
+}
+
+// checkFile applies the rules to a stat of the file at path: a backing
+// file <root>/<uuid> or a snapshot's file (kind says which).
+func (s *Store) checkFile(kind, path string, st *unix.Stat_t) error {
 	var why string
 	switch {
 	case st.Mode&unix.S_IFMT == unix.S_IFLNK:
@@ -73,7 +82,7 @@ func (s *Store) checkBacking(uuid string, st *unix.Stat_t) error {
 	default:
 		return nil
 	}
-	return fmt.Errorf("backing file %s %s (inspect it with `ls -li %s`): %w", s.backingPath(uuid), why, s.backingPath(uuid), ErrUnsafe)
+	return fmt.Errorf("%s %s %s (inspect it with `ls -li %s`): %w", kind, path, why, path, ErrUnsafe)
 }
 
 // openBacking opens the backing file of volume uuid with flags (O_RDONLY
@@ -84,13 +93,19 @@ func (s *Store) checkBacking(uuid string, st *unix.Stat_t) error {
 // between cannot be opened instead. The caller owns the returned fd and
 // closes it.
 func (s *Store) openBacking(uuid string, flags int) (int, loop.FileID, error) {
-	path := s.backingPath(uuid)
 	dir, err := s.dirFD()
 	if err != nil {
 		return -1, loop.FileID{}, err
 	}
 	defer unix.Close(dir)
-	pfd, err := unix.Openat(dir, uuid, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	return s.openIn(dir, uuid, "backing file", s.backingPath(uuid), flags)
+}
+
+// openIn is openBacking for the file name in the directory dir (the store
+// directory, or its snapshot directory); kind and path name it as for
+// statIn.
+func (s *Store) openIn(dir int, name, kind, path string, flags int) (int, loop.FileID, error) {
+	pfd, err := unix.Openat(dir, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, loop.FileID{}, &os.PathError{Op: "open", Path: path, Err: err}
 	}
@@ -99,7 +114,7 @@ func (s *Store) openBacking(uuid string, flags int) (int, loop.FileID, error) {
 	if err := unix.Fstat(pfd, &st); err != nil {
 		return -1, loop.FileID{}, &os.PathError{Op: "stat", Path: path, Err: err}
 	}
-	if err := s.checkBacking(uuid, &st); err != nil {
+	if err := s.checkFile(kind, path, &st); err != nil {
 		return -1, loop.FileID{}, err
 	}
 	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), flags|unix.O_CLOEXEC, 0)
