@@ -287,6 +287,15 @@ func Hold(path string, owner Owner) (*Held, error) {
 	return &Held{Device: dev, fd: fd}, nil
 }
 
+// Sync writes what the kernel buffers for the device to its backing file
+// (fsync of the block device).
+func (h *Held) Sync() error {
+	if err := unix.Fsync(h.fd); err != nil {
+		return fmt.Errorf("flush %s: %w", h.Device.Path, err)
+	}
+	return nil
+}
+
 // Close releases the device.
 func (h *Held) Close() error {
 	var err error
