@@ -340,10 +340,26 @@ func (s *Store) growFS(ctx context.Context, v *Volume, device string) error {
 		}
 		return nil
 	}
+	err = s.tempMount(v, device, "", func(dir string) error {
+		crashPoint("expand:mounted")
+		_, err := resizer.Resize(device, dir)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("expand %s: %w", v.Name, err)
+	}
+	return nil
+}
+
+// tempMount mounts v's filesystem on device (held by the caller, who holds
+// v's lock) with the mount data given, privately below the store's lock
+// directory, runs fn with the mount point and unmounts it again. A crash
+// leaves the mount to cleanupTempMount, which every operation on v runs.
+func (s *Store) tempMount(v *Volume, device, data string, fn func(dir string) error) error {
 	s.cleanupTempMount(v)
 	dir := s.tempMountDir(v)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("expand %s: %w", v.Name, err)
+		return err
 	}
 	defer s.cleanupTempMount(v)
 	// A private tmpfs first, and the filesystem below it, so that the
@@ -351,21 +367,23 @@ func (s *Store) growFS(ctx context.Context, v *Volume, device string) error {
 	// containers'). Its own directory, because xfs_growfs finds the
 	// filesystem by looking its path up in the mount table.
 	if err := unix.Mount("sparsevol-expand", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=64k,mode=0700"); err != nil {
-		return fmt.Errorf("expand %s: private mount point %s: %w", v.Name, dir, err)
+		return fmt.Errorf("private mount point %s: %w", dir, err)
 	}
 	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("expand %s: private mount point %s: %w", v.Name, dir, err)
+		return fmt.Errorf("private mount point %s: %w", dir, err)
 	}
 	fsDir := filepath.Join(dir, "fs")
 	if err := os.Mkdir(fsDir, 0o700); err != nil {
-		return fmt.Errorf("expand %s: %w", v.Name, err)
+		return err
 	}
-	if err := unix.Mount(device, fsDir, v.FSType, unix.MS_NOATIME, ""); err != nil {
-		return fmt.Errorf("expand %s: temporary mount of %s: %w", v.Name, device, err)
+	if err := unix.Mount(device, fsDir, v.FSType, unix.MS_NOATIME|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, data); err != nil {
+		return fmt.Errorf("temporary mount of %s: %w", device, err)
 	}
-	crashPoint("expand:mounted")
-	if _, err := resizer.Resize(device, fsDir); err != nil {
-		return fmt.Errorf("expand %s: %w", v.Name, err)
+	if err := fn(fsDir); err != nil {
+		return err
+	}
+	if err := unix.Unmount(fsDir, 0); err != nil {
+		return fmt.Errorf("unmount %s: %w", fsDir, err)
 	}
 	return nil
 }
