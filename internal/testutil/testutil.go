@@ -55,3 +55,46 @@ func DetachIfServes(dev, path string) {
 	}
 	exec.Command("losetup", "-d", dev).Run()
 }
+
+// FilesystemDir makes a filesystem of fsType ("xfs" made with reflink=1,
+// or "ext4") in a sparse image of size bytes in a temporary directory,
+// mounts it through a loop device and returns the mount point, private
+// (mode 0700). At cleanup it is unmounted and the device detached; a
+// store on it shows whether sparsevol shares extents (xfs) or copies
+// (ext4).
+func FilesystemDir(t testing.TB, fsType string, size int64) string {
+	t.Helper()
+	RequireRoot(t)
+	dir := t.TempDir()
+	img := filepath.Join(dir, "fs.img")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, size); err != nil {
+		t.Fatal(err)
+	}
+	mkfs := []string{"mkfs.ext4", "-q", img}
+	if fsType == "xfs" {
+		mkfs = []string{"mkfs.xfs", "-q", "-m", "reflink=1", img}
+	}
+	if out, err := exec.Command(mkfs[0], mkfs[1:]...).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %v: %s", mkfs, err, out)
+	}
+	dev := Losetup(t, img)
+	mnt := filepath.Join(dir, "mnt")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", dev, mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mount %s: %v: %s", dev, err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v: %s", mnt, err, out)
+		}
+	})
+	if err := os.Chmod(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return mnt
+}

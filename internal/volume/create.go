@@ -35,6 +35,16 @@ type CreateRequest struct {
 	// starts the unit, with a Lifecycle); otherwise create detaches it
 	// again and attaching is left to the unit or caller.
 	KeepAttached bool
+	// FromSnapshot and CloneOf (a name or UUID; at most one) make the
+	// volume a copy of a snapshot or of another volume instead of
+	// formatting it: mode, filesystem and layout are the source's, the
+	// size at least the source's (0: the same), and the copy gets the
+	// new volume's identity (see clone.go).
+	FromSnapshot string
+	CloneOf      string
+	// Progress, if set, is called as a copy from a source proceeds.
+	Progress func(done, total int64)
+	source   *source // resolved by Create
 }
 
 // Normalize fills defaults and checks the whole request (name, UUID,
@@ -45,6 +55,11 @@ func (r *CreateRequest) Normalize() error {
 	if err := ValidateName(r.Name); err != nil {
 		return err
 	}
+	if r.FromSnapshot != "" || r.CloneOf != "" {
+		if err := r.normalizeSourced(); err != nil {
+			return err
+		}
+	}
 	if r.UUID != "" {
 		r.UUID = strings.ToLower(r.UUID)
 		if !ValidUUID(r.UUID) {
@@ -53,6 +68,9 @@ func (r *CreateRequest) Normalize() error {
 		if r.UUID == nilUUID {
 			return fmt.Errorf("uuid %s is the nil UUID, which names no filesystem: %w", r.UUID, ErrInvalid)
 		}
+	}
+	if r.FromSnapshot != "" || r.CloneOf != "" {
+		return nil // the layout and size are checked against the source
 	}
 	if err := r.NormalizeLayout(); err != nil {
 		return err
@@ -127,7 +145,7 @@ func (r *CreateRequest) compatible(v *Volume) bool {
 	return v.SizeBytes == r.SizeBytes && v.Mode == r.Mode && v.FSType == r.FSType &&
 		v.Partitioned == (r.Mode == ModeBlock && !r.NoPartition) &&
 		v.Preallocate == r.Preallocate && v.IOLimits == r.IOLimits && slices.Equal(mkfsTokens(v.MkfsOptions), r.MkfsOptions) &&
-		(r.UUID == "" || r.UUID == v.UUID)
+		(r.UUID == "" || r.UUID == v.UUID) && r.source.matches(v)
 }
 
 // Create makes a volume: metadata (state creating), sparse file, loop
@@ -142,6 +160,22 @@ func (s *Store) Create(ctx context.Context, req CreateRequest) (*Volume, error) 
 		return nil, fmt.Errorf("create %s: %w", req.Name, err)
 	}
 	if err := s.CheckLimits(req.IOLimits); err != nil {
+		return nil, fmt.Errorf("create %s: %w", req.Name, err)
+	}
+	if req.CloneOf != "" {
+		// The source's lock is taken before the new volume's, as every
+		// caller that holds two does (see lockAll, by UUID, and clone.go).
+		src, err := s.Get(req.CloneOf)
+		if err != nil {
+			return nil, fmt.Errorf("create %s: clone of %w", req.Name, err)
+		}
+		unlockSrc, err := s.lock(src.UUID)
+		if err != nil {
+			return nil, err
+		}
+		defer unlockSrc()
+	}
+	if err := s.resolveSource(&req); err != nil {
 		return nil, fmt.Errorf("create %s: %w", req.Name, err)
 	}
 	v, err := s.reserve(req)
@@ -225,13 +259,14 @@ func (s *Store) reserve(req CreateRequest) (*Volume, error) {
 		BackingFile: s.backingPath(req.UUID),
 		Preallocate: req.Preallocate,
 		DirectIO:    directIO,
-		BlockSize:   blockSizeForMode(s.root, req.Mode),
+		BlockSize:   req.source.blockSize(s.root, req.Mode),
 		MkfsOptions: req.MkfsOptions,
 		State:       StateCreating,
 		Created:     time.Now().UTC().Truncate(time.Second),
 		Labels:      maps.Clone(req.Labels),
 		IOLimits:    req.IOLimits,
 	}
+	req.source.record(v)
 	if err := s.writeMeta(v); err != nil {
 		return nil, err
 	}
@@ -274,14 +309,13 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) (err er
 		}
 	}()
 	crashPoint("create:reserved")
-	fd, _, err := s.createBacking(v.UUID)
+	if req.source != nil {
+		err = s.fillFromSource(ctx, v, req)
+	} else {
+		err = s.makeBacking(v)
+	}
 	if err != nil {
 		return err
-	}
-	err = sizeBacking(fd, v.SizeBytes, v.Preallocate)
-	unix.Close(fd)
-	if err != nil {
-		return fmt.Errorf("%s: %w", v.BackingFile, err)
 	}
 	crashPoint("create:file")
 	dev, _, err := s.attachDevice(v)
@@ -290,7 +324,12 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) (err er
 	}
 	v.noteBackingID(dev.Backing)
 	crashPoint("create:attached")
-	if err := s.format(ctx, v, dev); err != nil {
+	if req.source != nil {
+		err = s.finishCopy(ctx, v, dev, req.source)
+	} else {
+		err = s.format(ctx, v, dev)
+	}
+	if err != nil {
 		return err
 	}
 	if err := s.CheckFilesystem(ctx, v, dev.Path); err != nil {
@@ -329,6 +368,21 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) (err er
 		return s.finishAttach(ctx, v, dev)
 	}
 	return s.detachDevices(v, nil, DetachOptions{})
+}
+
+// makeBacking makes v's backing file, a hole of its size (allocated for
+// a thick volume).
+func (s *Store) makeBacking(v *Volume) error {
+	fd, _, err := s.createBacking(v.UUID)
+	if err != nil {
+		return err
+	}
+	err = sizeBacking(fd, v.SizeBytes, v.Preallocate)
+	unix.Close(fd)
+	if err != nil {
+		return fmt.Errorf("%s: %w", v.BackingFile, err)
+	}
+	return nil
 }
 
 // rollback undoes a create that failed before its unit was enabled: it

@@ -44,6 +44,10 @@ type Options struct {
 	// that a boot starts with none: units started without a process of
 	// their own at boot assert their file (see the systemd package).
 	AttachedDir string
+	// FreezeTimeout bounds how long a snapshot keeps a mounted
+	// filesystem frozen (and how long it waits for the freeze): beyond it
+	// the filesystem is thawed and the snapshot fails. Default 60 s.
+	FreezeTimeout time.Duration
 	// DirectIO is the default for new volumes.
 	DirectIO *bool
 	// Lifecycle, if set, is the service manager that brings the volumes
@@ -96,6 +100,9 @@ func Open(root string, opts Options) (*Store, error) {
 	}
 	if opts.UdevTimeout == 0 {
 		opts.UdevTimeout = 30 * time.Second
+	}
+	if opts.FreezeTimeout == 0 {
+		opts.FreezeTimeout = 60 * time.Second
 	}
 	if opts.DirectIO == nil {
 		on := true
@@ -179,7 +186,7 @@ func openPrivate(dir string, log *slog.Logger) ([]string, dirID, error) {
 // filesystem made for the store.
 func storeEntry(name string) bool {
 	_, temp := staleTempUUID(name)
-	return temp || name == lockDir || name == "lost+found" ||
+	return temp || name == lockDir || name == snapDir || name == "lost+found" ||
 		strings.HasPrefix(name, ".doctor-") || ValidUUID(strings.TrimPrefix(name, ".recover-")) ||
 		ValidUUID(name) || ValidUUID(strings.TrimSuffix(name, metaExt))
 }
@@ -460,7 +467,10 @@ func (s *Store) Check() error {
 type Space struct {
 	FreeBytes      int64 `json:"freeBytes"`      // available to unprivileged writers
 	AllocatedBytes int64 `json:"allocatedBytes"` // held by the volumes' files
-	CommittedBytes int64 `json:"committedBytes"` // sum of logical sizes
+	CommittedBytes int64 `json:"committedBytes"` // sum of logical sizes, and what snapshots hold
+	// SnapshotBytes is what the snapshots' files hold (shared or not):
+	// each may come to own all of it as its volume changes.
+	SnapshotBytes int64 `json:"snapshotBytes,omitempty"`
 	// CapacityBytes is what may still be promised under the policy.
 	CapacityBytes   int64   `json:"capacityBytes"`
 	OvercommitRatio float64 `json:"overcommitRatio"`
@@ -481,9 +491,24 @@ func (s *Store) space(vols []*Volume) (Space, error) {
 		return Space{}, fmt.Errorf("statfs %s: %w", s.root, err)
 	}
 	sp := Space{FreeBytes: int64(st.Bavail) * st.Bsize, OvercommitRatio: s.opts.OvercommitRatio}
+	sns, err := s.listSnapshots()
+	if err != nil {
+		return Space{}, err
+	}
 	for _, v := range vols {
 		sp.CommittedBytes += max(v.SizeBytes, v.ExpandingTo)
-		sp.AllocatedBytes += s.allocated(v.UUID)
+	}
+	if len(sns) == 0 && !anyCopied(vols) {
+		// Nothing can share extents: st_blocks is exact, and cheaper.
+		for _, v := range vols {
+			sp.AllocatedBytes += s.allocated(v.UUID)
+		}
+	} else {
+		// Shared extents count once; a snapshot promises what it holds.
+		var held int64
+		sp.AllocatedBytes, held = s.allocation(vols, sns)
+		sp.CommittedBytes += held
+		sp.SnapshotBytes = held
 	}
 	// Clamped before the conversion: a float beyond int64 converts to
 	// whatever the CPU makes of it (math.MinInt64 on amd64).

@@ -115,6 +115,10 @@ type Volume struct {
 	// device still bound to the file after it was removed can be found.
 	BackingDev   uint64 `json:"backingDev,omitempty"`
 	BackingInode uint64 `json:"backingInode,omitempty"`
+	// FromSnapshot and ClonedFrom name (by UUID) the snapshot or volume
+	// the volume was copied from when it was made, if any.
+	FromSnapshot string `json:"fromSnapshot,omitempty"`
+	ClonedFrom   string `json:"clonedFrom,omitempty"`
 	// Labels carry caller-owned annotations (the CSI driver keeps the
 	// request name and parameters here).
 	Labels map[string]string `json:"labels,omitempty"`

@@ -1,0 +1,265 @@
+package volume
+
+import (
+	"context"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/loop"
+)
+
+// A volume made from a snapshot (restore) or from another volume (clone)
+// is a copy of the source's file (copyFile: shared extents where the store
+// can) with an identity of its own (identity.go), then grown to the size
+// asked for. It goes through Create's states: a crash leaves it creating,
+// for a rerun (which copies afresh) or Delete.
+//
+// Locks: a clone takes the source volume's lock before the new volume's
+// (and holds it through the copy, freezing the source's filesystem if it
+// is mounted); a restore takes the snapshot's lock inside the new
+// volume's. Nothing that holds a snapshot's lock takes a volume's.
+
+// source is what a volume is copied from, resolved by Create.
+type source struct {
+	snapshot *Snapshot // restore
+	volume   *Volume   // clone
+	imported bool      // import: importFD is the checked stream's file
+	importFD int
+	uuid     string
+	// keepIdentity: the copy keeps the identity it has (an import with
+	// its UUID kept).
+	keepIdentity bool
+	sizeBytes    int64
+	blockSz      uint32
+}
+
+// normalizeSourced checks what a request with a source may say: a size
+// (at least the source's, checked by resolveSource), no mkfs options and
+// no layout of its own beyond the source's.
+func (r *CreateRequest) normalizeSourced() error {
+	switch {
+	case r.FromSnapshot != "" && r.CloneOf != "":
+		return fmt.Errorf("a volume is made from a snapshot or cloned from a volume, not both: %w", ErrInvalid)
+	case len(mkfsTokens(r.MkfsOptions)) > 0:
+		return fmt.Errorf("mkfs options cannot be given for a copy of a snapshot or volume (nothing is formatted): %w", ErrInvalid)
+	case r.NoPartition:
+		return fmt.Errorf("no-partition cannot be given for a copy: the layout is the source's: %w", ErrInvalid)
+	case r.SizeBytes < 0 || r.SizeBytes > maxSize:
+		return fmt.Errorf("size %d is out of range: %w", r.SizeBytes, ErrInvalid)
+	}
+	if r.SizeBytes > 0 {
+		r.SizeBytes = RoundUpMiB(r.SizeBytes)
+	}
+	return nil
+}
+
+// resolveSource finds the request's source (ready) and fills the layout
+// and size from it; a mode, filesystem or size that does not fit it is
+// ErrInvalid. Requests without a source are left alone.
+func (s *Store) resolveSource(r *CreateRequest) error {
+	var src source
+	var mode Mode
+	var fsType string
+	var partitioned bool
+	switch {
+	case r.FromSnapshot != "":
+		sn, err := s.findSnapshot(r.FromSnapshot)
+		if err != nil {
+			return err
+		}
+		if sn.State != StateReady {
+			return fmt.Errorf("snapshot %s: state %s: %w", sn.Name, sn.State, ErrNotReady)
+		}
+		src = source{snapshot: sn, uuid: sn.UUID, sizeBytes: sn.SizeBytes, blockSz: sn.BlockSize}
+		mode, fsType, partitioned = sn.Mode, sn.FSType, sn.Partitioned
+	case r.CloneOf != "":
+		v, err := s.Get(r.CloneOf)
+		if err != nil {
+			return err
+		}
+		if v.State != StateReady || v.ExpandingTo != 0 {
+			return fmt.Errorf("volume %s: state %s: %w", v.Name, stateOf(v), ErrNotReady)
+		}
+		src = source{volume: v, uuid: v.UUID, sizeBytes: v.SizeBytes, blockSz: v.BlockSize}
+		mode, fsType, partitioned = v.Mode, v.FSType, v.Partitioned
+	default:
+		return nil
+	}
+	if r.Mode != "" && r.Mode != mode || r.FSType != "" && r.FSType != fsType {
+		return fmt.Errorf("the source is a %s volume%s; a copy keeps its mode and filesystem: %w", mode, withFS(fsType), ErrInvalid)
+	}
+	if r.SizeBytes == 0 {
+		r.SizeBytes = src.sizeBytes
+	}
+	if r.SizeBytes < src.sizeBytes {
+		return fmt.Errorf("size %s is below the source's %s: %w", FormatSize(r.SizeBytes), FormatSize(src.sizeBytes), ErrInvalid)
+	}
+	r.Mode, r.FSType, r.NoPartition = mode, fsType, mode == ModeBlock && !partitioned
+	r.source = &src
+	return nil
+}
+
+func withFS(fsType string) string {
+	if fsType == "" {
+		return ""
+	}
+	return " with " + fsType
+}
+
+// matches reports whether v (a volume a crashed create left) was made from
+// this source; no source matches a volume made from none.
+func (src *source) matches(v *Volume) bool {
+	if src == nil {
+		return v.FromSnapshot == "" && v.ClonedFrom == ""
+	}
+	switch {
+	case src.snapshot != nil:
+		return v.FromSnapshot == src.uuid
+	case src.volume != nil:
+		return v.ClonedFrom == src.uuid
+	}
+	return v.FromSnapshot == "" && v.ClonedFrom == ""
+}
+
+// blockSize is the loop block size of a new volume: the source's, since
+// its partition table or XFS records it; for a new volume the store's
+// choice.
+func (src *source) blockSize(root string, mode Mode) uint32 {
+	if src == nil {
+		return blockSizeForMode(root, mode)
+	}
+	return src.blockSz
+}
+
+// record notes the source in v's metadata.
+func (src *source) record(v *Volume) {
+	switch {
+	case src == nil:
+	case src.snapshot != nil:
+		v.FromSnapshot = src.uuid
+	case src.volume != nil:
+		v.ClonedFrom = src.uuid
+	}
+}
+
+// anyCopied reports whether a volume of vols was copied from a snapshot or
+// volume, and so may share extents.
+func anyCopied(vols []*Volume) bool {
+	for _, v := range vols {
+		if v.FromSnapshot != "" || v.ClonedFrom != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// fillFromSource makes v's backing file a copy of the source, at the
+// source's size (finishCopy does the rest once a device is bound). The
+// caller holds v's lock and, for a clone, the source's.
+func (s *Store) fillFromSource(ctx context.Context, v *Volume, req CreateRequest) error {
+	if req.source.imported {
+		return s.linkImported(v, req.source.importFD)
+	}
+	dir, err := s.dirFD()
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dir)
+	fd, err := s.createIn(dir, v.UUID, "backing file", v.BackingFile)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if req.source.snapshot != nil {
+		err = s.copyFromSnapshot(ctx, fd, req.source.snapshot, req.Progress)
+	} else {
+		err = s.copyFromVolume(ctx, fd, req.source.volume.UUID, req.Progress)
+	}
+	if err != nil {
+		return err
+	}
+	crashPoint("restore:copied")
+	return nil
+}
+
+// copyFromSnapshot copies the snapshot's file into dst, under the
+// snapshot's lock (a delete waits for the copy).
+func (s *Store) copyFromSnapshot(ctx context.Context, dst int, sn *Snapshot, progress func(done, total int64)) error {
+	unlock, err := s.lock(snapLock(sn.UUID))
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	sn, err = s.readSnapMeta(sn.UUID)
+	if err != nil {
+		return err
+	}
+	src, err := s.openSnapshot(sn)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(src)
+	if _, err := copyFile(ctx, dst, src, sn.SizeBytes, progress); err != nil {
+		return fmt.Errorf("copy snapshot %s: %w", sn.Name, err)
+	}
+	return nil
+}
+
+// copyFromVolume copies the volume uuid's backing file into dst,
+// quiescing it (a mounted filesystem is frozen) for the copy. The caller
+// holds the volume's lock.
+func (s *Store) copyFromVolume(ctx context.Context, dst int, uuid string, progress func(done, total int64)) error {
+	v, err := s.readMeta(uuid)
+	if err != nil {
+		return err
+	}
+	if v.State != StateReady || v.ExpandingTo != 0 {
+		return fmt.Errorf("volume %s: state %s: %w", v.Name, stateOf(v), ErrNotReady)
+	}
+	src, _, ours, err := s.openOwned(v, "clone")
+	if err != nil {
+		return err
+	}
+	defer unix.Close(src)
+	q, err := s.quiesce(v, ours)
+	if err != nil {
+		return err
+	}
+	defer q.release()
+	if _, err := copyFile(ctx, dst, src, v.SizeBytes, progress); err != nil {
+		return fmt.Errorf("copy volume %s: %w", v.Name, err)
+	}
+	return q.release()
+}
+
+// finishCopy gives the copy on dev (v's device, bound by the caller, who
+// holds v's lock) v's identity, then grows file, device, partition and
+// filesystem to v's size where it is larger than the source's.
+func (s *Store) finishCopy(ctx context.Context, v *Volume, dev *loop.Device, src *source) error {
+	held, err := loop.Hold(dev.Path, v.owner(dev.Backing))
+	if err != nil {
+		return fmt.Errorf("copy %s: %w", v.Name, err)
+	}
+	if !src.keepIdentity {
+		err = s.newIdentity(ctx, v, dev.Path)
+	}
+	held.Close()
+	if err != nil {
+		return err
+	}
+	crashPoint("restore:identity")
+	if v.SizeBytes == src.sizeBytes {
+		return nil
+	}
+	fd, _, _, err := s.openOwned(v, "copy")
+	if err != nil {
+		return err
+	}
+	err = sizeBacking(fd, v.SizeBytes, v.Preallocate)
+	unix.Close(fd)
+	if err != nil {
+		return fmt.Errorf("%s: %w", v.BackingFile, err)
+	}
+	return s.growDevice(ctx, v, false)
+}

@@ -1,0 +1,138 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// CopyMethod says how a file's content was copied.
+type CopyMethod string
+
+const (
+	// CopyReflink: FICLONE, every extent shared with the source (XFS with
+	// reflink, btrfs). Instant, and costs nothing until either side is
+	// written.
+	CopyReflink CopyMethod = "reflink"
+	// CopySparse: the source's data ranges (SEEK_DATA/SEEK_HOLE) copied
+	// with copy_file_range; holes stay holes.
+	CopySparse CopyMethod = "sparse-copy"
+)
+
+// copyChunk bounds one copy_file_range call, so that a cancelled context
+// and the progress callback are seen in time.
+const copyChunk = 64 << 20
+
+// copyFile makes the open, empty file dst a copy of the first size bytes
+// of the open file src: FICLONE where the filesystem shares extents, else
+// a sparse copy that reads and writes only the source's data ranges and
+// never writes a hole. dst ends with size bytes and is fsynced. progress,
+// if set, is called with the bytes of the source covered so far. The
+// caller owns both fds.
+func copyFile(ctx context.Context, dst, src int, size int64, progress func(done, total int64)) (CopyMethod, error) {
+	err := unix.IoctlFileClone(dst, src)
+	switch {
+	case err == nil:
+		if err := unix.Fsync(dst); err != nil {
+			return "", fmt.Errorf("fsync clone: %w", err)
+		}
+		if progress != nil {
+			progress(size, size)
+		}
+		return CopyReflink, nil
+	case !cloneUnsupported(err):
+		return "", fmt.Errorf("clone (FICLONE): %w", err)
+	}
+	if err := sparseCopy(ctx, dst, src, size, progress); err != nil {
+		return "", err
+	}
+	return CopySparse, nil
+}
+
+// cloneUnsupported reports the errors FICLONE gives where the files
+// cannot share extents (other filesystem, no reflink, no such ioctl).
+func cloneUnsupported(err error) bool {
+	return errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EXDEV) ||
+		errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOTTY) || errors.Is(err, unix.ENOSYS)
+}
+
+// sparseCopy copies the data ranges of src below size to the same offsets
+// of dst, sets dst's size and fsyncs it.
+func sparseCopy(ctx context.Context, dst, src int, size int64, progress func(done, total int64)) error {
+	err := eachDataRange(src, size, func(start, end int64) error {
+		for off := start; off < end; {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			n, err := copyRange(src, dst, off, min(end-off, copyChunk))
+			if err != nil {
+				return err
+			}
+			off += n
+			if progress != nil {
+				progress(off, size)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := unix.Ftruncate(dst, size); err != nil {
+		return fmt.Errorf("size copy to %d: %w", size, err)
+	}
+	if err := unix.Fsync(dst); err != nil {
+		return fmt.Errorf("fsync copy: %w", err)
+	}
+	if progress != nil {
+		progress(size, size)
+	}
+	return nil
+}
+
+// eachDataRange calls fn with each range [start, end) of fd below size
+// that SEEK_DATA and SEEK_HOLE say holds data, in order.
+func eachDataRange(fd int, size int64, fn func(start, end int64) error) error {
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			return nil // only a hole from off on
+		}
+		if err != nil {
+			return fmt.Errorf("seek data at %d: %w", off, err)
+		}
+		if data >= size {
+			return nil
+		}
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("seek hole at %d: %w", data, err)
+		}
+		hole = min(hole, size)
+		if err := fn(data, hole); err != nil {
+			return err
+		}
+		off = hole
+	}
+	return nil
+}
+
+// copyRange copies up to n bytes at off from src to the same offset of
+// dst with copy_file_range and returns how many it copied (at least one).
+func copyRange(src, dst int, off, n int64) (int64, error) {
+	in, out := off, off
+	for {
+		c, err := unix.CopyFileRange(src, &in, dst, &out, int(n), 0)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return 0, fmt.Errorf("copy_file_range at %d: %w", off, err)
+		case c == 0:
+			return 0, fmt.Errorf("copy_file_range at %d: source ended early", off)
+		}
+		return int64(c), nil
+	}
+}

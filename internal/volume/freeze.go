@@ -1,0 +1,171 @@
+package volume
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// A mounted filesystem is frozen (FIFREEZE) around the copy of its volume
+// and always thawed (FITHAW):
+//
+//   - by thaw, which the caller defers;
+//   - by a timer, when the freeze has lasted Options.FreezeTimeout: the
+//     copy then fails (it may no longer be consistent) and leaves nothing;
+//   - by a guard process, when this process dies in between, however
+//     (SIGKILL, OOM, a panic): the guard, started before the freeze in a
+//     session of its own, waits on a pipe from us and runs
+//     `fsfreeze --unfreeze` unless we told it the thaw was done. The pipe
+//     closes when our last fd of it does, that is when we exit.
+//
+// The kernel never thaws by itself: a filesystem left frozen blocks every
+// writer until someone thaws it.
+
+// guardScript is the guard's program (sh -c): $1 is the mount point. It
+// ignores the signals a terminal sends the process group.
+const guardScript = `trap '' INT TERM HUP QUIT; read -r x; [ "$x" = done ] || exec fsfreeze --unfreeze "$1"`
+
+// The freeze ioctls, _IOWR('X', 119, int) and _IOWR('X', 120, int).
+const (
+	ioctlFIFREEZE = 0xc0045877
+	ioctlFITHAW   = 0xc0045878
+)
+
+// frozen is a filesystem this process froze. thaw is safe to call more
+// than once and from the timer's goroutine.
+type frozen struct {
+	path    string
+	fd      int // the mount point, opened and proven to be the device's fs
+	guard   *exec.Cmd
+	guardW  *os.File
+	timer   *time.Timer
+	since   time.Time
+	once    sync.Once
+	err     error
+	expired bool // thawed by the timer, before the caller's thaw
+	mu      sync.Mutex
+	held    time.Duration
+}
+
+// freeze freezes the filesystem mounted at mountpoint, after proving that
+// it is the filesystem of the block device devnum (the volume's data
+// device): the directory's st_dev must be that device. It gives up with an
+// error if FIFREEZE does not return within timeout, and thaws by itself
+// when the freeze has lasted timeout. The caller calls thaw.
+func freeze(mountpoint string, devnum uint64, timeout time.Duration) (*frozen, error) {
+	fd, err := unix.Open(mountpoint, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("freeze %s: %w", mountpoint, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("freeze %s: %w", mountpoint, err)
+	}
+	if st.Dev != devnum {
+		unix.Close(fd)
+		return nil, fmt.Errorf("freeze %s: it is not the volume's filesystem any more (device %d:%d, want %d:%d): %w",
+			mountpoint, unix.Major(st.Dev), unix.Minor(st.Dev), unix.Major(devnum), unix.Minor(devnum), ErrUnsafe)
+	}
+	f := &frozen{path: mountpoint, fd: fd}
+	if err := f.startGuard(); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- unix.IoctlSetInt(fd, ioctlFIFREEZE, 0) }()
+	select {
+	case err = <-done:
+	case <-time.After(timeout):
+		// Still frozen when it returns: the guard thaws once we are gone,
+		// and a late success is thawed here.
+		go func() {
+			if <-done == nil {
+				f.thaw()
+			} else {
+				f.release(false)
+			}
+		}()
+		return nil, fmt.Errorf("freeze %s: FIFREEZE did not return within %s: %w", mountpoint, timeout, ErrBusy)
+	}
+	if err != nil {
+		f.release(false)
+		return nil, fmt.Errorf("freeze %s: %w", mountpoint, err)
+	}
+	f.since = time.Now()
+	f.timer = time.AfterFunc(timeout, func() {
+		f.mu.Lock()
+		f.expired = true
+		f.mu.Unlock()
+		f.thaw()
+	})
+	return f, nil
+}
+
+// startGuard starts the thaw-on-exit guard (see above).
+func (f *frozen) startGuard() error {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("freeze %s: guard: %w", f.path, err)
+	}
+	cmd := exec.Command("sh", "-c", guardScript, "sparsevol-thaw-guard", f.path)
+	cmd.Stdin = r
+	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		r.Close()
+		w.Close()
+		return fmt.Errorf("freeze %s: start guard: %w", f.path, err)
+	}
+	r.Close() // the guard holds its end; ours would keep the pipe open
+	f.guard, f.guardW = cmd, w
+	return nil
+}
+
+// thaw thaws the filesystem (once), dismisses the guard and returns the
+// error of FITHAW, or one saying the freeze had lasted too long and was
+// ended by the timer: the copy made under it may not be consistent.
+func (f *frozen) thaw() error {
+	f.once.Do(func() {
+		if f.timer != nil {
+			f.timer.Stop()
+		}
+		f.mu.Lock()
+		f.held = time.Since(f.since)
+		f.mu.Unlock()
+		err := unix.IoctlSetInt(f.fd, ioctlFITHAW, 0)
+		if err != nil {
+			f.err = fmt.Errorf("thaw %s: %w", f.path, err)
+		}
+		f.release(err == nil)
+	})
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err == nil && f.expired {
+		return fmt.Errorf("the filesystem at %s stayed frozen beyond the freeze timeout and was thawed before the copy ended: %w", f.path, ErrBusy)
+	}
+	return f.err
+}
+
+// release dismisses the guard (telling it the thaw is done only if it
+// is) and closes the mount point.
+func (f *frozen) release(thawed bool) {
+	if thawed {
+		f.guardW.WriteString("done\n")
+	}
+	f.guardW.Close()
+	f.guard.Wait()
+	unix.Close(f.fd)
+}
+
+// heldFor is how long the filesystem was frozen (after thaw).
+func (f *frozen) heldFor() time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.held
+}

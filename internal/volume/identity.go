@@ -1,0 +1,77 @@
+package volume
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+// A volume made from a snapshot, a clone or an import gets an identity of
+// its own, the new volume's UUID, so that two volumes never share a
+// /dev/disk/by-uuid or by-partuuid link: the filesystem UUID (ext4
+// tune2fs -U, XFS xfs_admin -U) or the GPT partition GUID (and a new disk
+// GUID). A whole-device raw volume carries no identity on disk.
+
+// newIdentity gives the copy on device (v's, held by the caller, who
+// holds v's lock; nothing mounts it) v's UUID. ext4 is checked first
+// (e2fsck -f -p replays the journal of a copy of a frozen or running
+// filesystem, and tune2fs -U wants a checked one); XFS is mounted once,
+// privately and with nouuid (the source may be mounted), to replay its
+// log, since xfs_admin refuses a dirty log.
+func (s *Store) newIdentity(ctx context.Context, v *Volume, device string) error {
+	var prog string
+	var args []string
+	switch {
+	case v.FSType == "ext4":
+		if err := s.fsckCopy(ctx, v, device); err != nil {
+			return err
+		}
+		prog, args = "tune2fs", []string{"-U", v.UUID, device}
+	case v.FSType == "xfs":
+		if err := s.tempMount(v, device, "nouuid", func(string) error { return nil }); err != nil {
+			return fmt.Errorf("new identity for %s: replay the log: %w", v.Name, err)
+		}
+		prog, args = "xfs_admin", []string{"-U", v.UUID, device}
+	case v.Partitioned:
+		prog, args = "sgdisk", []string{"--partition-guid=1:" + v.UUID, "--disk-guid=R", device}
+	default:
+		return nil // a whole-device raw volume has no identity
+	}
+	if _, err := s.run.run(ctx, prog, args...); err != nil {
+		return fmt.Errorf("new identity for %s: %w", v.Name, err)
+	}
+	return s.checkIdentity(ctx, v, device)
+}
+
+// fsckCopy checks (and repairs: journal replay) the ext4 copy at path.
+// Exit status 1 means errors were corrected, which a crash-consistent copy
+// may need.
+func (s *Store) fsckCopy(ctx context.Context, v *Volume, path string) error {
+	if _, err := s.run.run(ctx, "e2fsck", "-f", "-p", path); err != nil && exitCode(err) != 1 {
+		return fmt.Errorf("check the copy for %s: %w", v.Name, err)
+	}
+	return nil
+}
+
+// checkIdentity proves the copy at path (a device or file) now carries
+// v's identity; xfs_admin, for one, exits 0 when it refused.
+func (s *Store) checkIdentity(ctx context.Context, v *Volume, path string) error {
+	if v.Mode == ModeFilesystem {
+		found, err := s.probe(ctx, path)
+		if err != nil {
+			return fmt.Errorf("new identity for %s: %w", v.Name, err)
+		}
+		if found.Type != v.FSType || found.UUID != v.UUID {
+			return fmt.Errorf("new identity for %s: the copy holds %s, want %s with UUID %s: %w", v.Name, found, v.FSType, v.UUID, ErrMismatch)
+		}
+		return nil
+	}
+	table, err := s.readPartitionTable(ctx, path)
+	if err != nil {
+		return fmt.Errorf("new identity for %s: %w", v.Name, err)
+	}
+	if len(table.Partitions) != 1 || !strings.EqualFold(table.Partitions[0].UUID, v.UUID) {
+		return fmt.Errorf("new identity for %s: the copy's partition table is not one partition with GUID %s: %w", v.Name, v.UUID, ErrMismatch)
+	}
+	return nil
+}

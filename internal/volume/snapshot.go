@@ -1,0 +1,668 @@
+package volume
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/fsutil"
+	"github.com/sparsevol/sparsevol/internal/loop"
+)
+
+// Snapshots are files of the store: <root>/.snapshots/<uuid> holds the
+// copy of a volume's backing file (shared extents where the store's
+// filesystem can, a sparse copy elsewhere), <root>/.snapshots/<uuid>.json
+// its metadata, written atomically, in state creating until the copy is
+// complete. They follow the backing file rules (backing.go), survive
+// reboots, and never get a loop device or a unit. A snapshot is
+// independent of its volume: deleting the volume leaves its snapshots.
+
+// snapDir is the store's subdirectory of snapshots.
+const snapDir = ".snapshots"
+
+// ErrSnapshotNotFound: no snapshot of that name or UUID. It is an
+// ErrNotFound.
+var ErrSnapshotNotFound = fmt.Errorf("snapshot: %w", ErrNotFound)
+
+// Consistency says what a snapshot's copy of the volume is.
+type Consistency string
+
+const (
+	// ConsistencyFrozen: the volume's filesystem was mounted and frozen
+	// (FIFREEZE) during the copy: clean, everything written before is in.
+	ConsistencyFrozen Consistency = "frozen"
+	// ConsistencyQuiet: nothing had the volume mounted or open.
+	ConsistencyQuiet Consistency = "quiet"
+	// ConsistencyCrash: a block volume (or an unmounted device) was in
+	// use: the copy is what a power cut would have left.
+	ConsistencyCrash Consistency = "crash-consistent"
+)
+
+// Snapshot is a point-in-time copy of a volume.
+type Snapshot struct {
+	Name       string `json:"name"`
+	UUID       string `json:"uuid"`
+	SourceUUID string `json:"sourceUUID"`
+	SourceName string `json:"sourceName"`
+	// SizeBytes is the source volume's size when the snapshot was taken;
+	// a volume made from it is at least that large.
+	SizeBytes   int64       `json:"sizeBytes"`
+	Mode        Mode        `json:"mode"`
+	FSType      string      `json:"fsType,omitempty"`
+	Partitioned bool        `json:"partitioned,omitempty"`
+	BlockSize   uint32      `json:"blockSize,omitempty"`
+	Consistency Consistency `json:"consistency,omitempty"`
+	Method      CopyMethod  `json:"method,omitempty"`
+	// Group names the group snapshot this one was taken with, if any.
+	Group     string            `json:"group,omitempty"`
+	State     State             `json:"state"`
+	CreatedAt time.Time         `json:"createdAt"`
+	Labels    map[string]string `json:"labels,omitempty"`
+
+	// Found anew by every reader, never stored:
+
+	// ReadyToUse: state ready, the file complete.
+	ReadyToUse bool `json:"readyToUse"`
+	// AllocatedBytes is what the snapshot's file occupies, OwnBytes the
+	// part of it no other file shares: what deleting it gives back.
+	AllocatedBytes int64  `json:"allocatedBytes"`
+	OwnBytes       int64  `json:"ownBytes"`
+	Problem        string `json:"problem,omitempty"`
+}
+
+// SnapshotOptions tune CreateSnapshot.
+type SnapshotOptions struct {
+	// Progress, if set, is called as the copy proceeds (the copy path; a
+	// reflink is instant).
+	Progress func(done, total int64)
+	// Labels carry caller-owned annotations.
+	Labels map[string]string
+	group  string
+}
+
+func (s *Store) snapMetaPath(uuid string) string { return filepath.Join(s.root, snapDir, uuid+metaExt) }
+func (s *Store) snapPath(uuid string) string     { return filepath.Join(s.root, snapDir, uuid) }
+func snapLock(uuid string) string                { return "snapshot-" + uuid }
+
+// snapDirFD opens <root>/.snapshots (O_PATH), making it if missing, and
+// proves it the store's: a directory, not a link, on the store's
+// filesystem, owned by root or us, private. The caller closes the fd.
+func (s *Store) snapDirFD() (int, error) {
+	dir, err := s.dirFD()
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(dir)
+	if err := unix.Mkdirat(dir, snapDir, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+		return -1, &os.PathError{Op: "mkdir", Path: filepath.Join(s.root, snapDir), Err: err}
+	}
+	fd, err := unix.Openat(dir, snapDir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("snapshot directory %s: %w: %w", filepath.Join(s.root, snapDir), err, ErrUnsafe)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Dev != s.dir.dev || (st.Uid != 0 && int(st.Uid) != os.Geteuid()) || st.Mode&0o077 != 0 {
+		unix.Close(fd)
+		return -1, fmt.Errorf("snapshot directory %s is not the store's own (another filesystem, owner or mode; inspect it with `ls -ld %s`): %w",
+			filepath.Join(s.root, snapDir), filepath.Join(s.root, snapDir), ErrUnsafe)
+	}
+	return fd, nil
+}
+
+func (s *Store) writeSnapMeta(sn *Snapshot) error {
+	stored := *sn
+	stored.ReadyToUse, stored.AllocatedBytes, stored.OwnBytes, stored.Problem = false, 0, 0, ""
+	data, err := json.MarshalIndent(&stored, "", "  ")
+	if err != nil {
+		return fmt.Errorf("write metadata of snapshot %s: %w", sn.Name, err)
+	}
+	data = append(data, '\n')
+	if err := fsutil.WriteFileAtomic(s.snapMetaPath(sn.UUID), data, 0o600); err != nil {
+		return fmt.Errorf("write metadata of snapshot %s: %w", sn.Name, err)
+	}
+	return nil
+}
+
+// readSnapMeta reads snapshot uuid's metadata: missing is
+// ErrSnapshotNotFound, unreadable or naming another snapshot ErrBroken.
+func (s *Store) readSnapMeta(uuid string) (*Snapshot, error) {
+	path := s.snapMetaPath(uuid)
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("snapshot %s: %w", uuid, ErrSnapshotNotFound)
+	}
+	var sn Snapshot
+	if err == nil {
+		err = json.Unmarshal(data, &sn)
+		if err == nil && sn.UUID != uuid {
+			err = fmt.Errorf("the file names snapshot %q", sn.UUID)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w: %w", uuid, &os.PathError{Op: "read metadata", Path: path, Err: err}, ErrBroken)
+	}
+	sn.ReadyToUse = sn.State == StateReady
+	return &sn, nil
+}
+
+func (s *Store) removeSnapMeta(uuid string) error {
+	if err := os.Remove(s.snapMetaPath(uuid)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove metadata of snapshot %s: %w", uuid, err)
+	}
+	return fsutil.SyncDir(filepath.Join(s.root, snapDir))
+}
+
+// snapshotUUIDs lists the UUIDs of the snapshot metadata files.
+func (s *Store) snapshotUUIDs() ([]string, error) {
+	entries, err := os.ReadDir(filepath.Join(s.root, snapDir))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list snapshots of %s: %w", s.root, err)
+	}
+	var out []string
+	for _, e := range entries {
+		if uuid, ok := strings.CutSuffix(e.Name(), metaExt); ok && ValidUUID(uuid) {
+			out = append(out, uuid)
+		}
+	}
+	return out, nil
+}
+
+// ListSnapshots returns every snapshot of the store, in every state,
+// sorted by name; one whose metadata cannot be read is listed in state
+// broken, named by its UUID.
+func (s *Store) ListSnapshots(ctx context.Context) ([]*Snapshot, error) {
+	sns, err := s.listSnapshots()
+	if err != nil {
+		return nil, err
+	}
+	s.measureSnapshots(sns)
+	return sns, nil
+}
+
+// listSnapshots is ListSnapshots without measuring the files.
+func (s *Store) listSnapshots() ([]*Snapshot, error) {
+	uuids, err := s.snapshotUUIDs()
+	if err != nil {
+		return nil, err
+	}
+	var out []*Snapshot
+	for _, uuid := range uuids {
+		sn, err := s.readSnapMeta(uuid)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			continue // deleted while we listed
+		case errors.Is(err, ErrBroken):
+			sn = &Snapshot{Name: uuid, UUID: uuid, State: StateBroken, Problem: err.Error()}
+		case err != nil:
+			return nil, err
+		}
+		out = append(out, sn)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// GetSnapshot resolves a snapshot by UUID or name.
+func (s *Store) GetSnapshot(ctx context.Context, ref string) (*Snapshot, error) {
+	sn, err := s.findSnapshot(ref)
+	if err != nil {
+		return nil, err
+	}
+	s.measureSnapshots([]*Snapshot{sn})
+	return sn, nil
+}
+
+func (s *Store) findSnapshot(ref string) (*Snapshot, error) {
+	if ref == "" {
+		return nil, fmt.Errorf("empty snapshot reference: %w", ErrInvalid)
+	}
+	sns, err := s.listSnapshots()
+	if err != nil {
+		return nil, err
+	}
+	for _, sn := range sns {
+		if sn.UUID == strings.ToLower(ref) {
+			return sn, nil
+		}
+	}
+	for _, sn := range sns {
+		if sn.Name == ref {
+			return sn, nil
+		}
+	}
+	return nil, fmt.Errorf("snapshot %q: %w", ref, ErrSnapshotNotFound)
+}
+
+// CreateSnapshot takes a snapshot named name of the volume ref (see
+// createSnapshot). It is idempotent: a ready snapshot of that name and
+// source is returned as it is, one a crash left unfinished is made anew;
+// the name taken by a snapshot of another volume is ErrExists.
+func (s *Store) CreateSnapshot(ctx context.Context, volumeRef, name string, opts SnapshotOptions) (*Snapshot, error) {
+	if err := ValidateName(name); err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", volumeRef, err)
+	}
+	var out *Snapshot
+	err := s.withVolume(volumeRef, func(v *Volume) error {
+		sns, err := s.snapshotVolumes(ctx, []*Volume{v}, []string{name}, opts)
+		if err == nil {
+			out = sns[0]
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("snapshot %s of %s: %w", name, volumeRef, err)
+	}
+	return out, nil
+}
+
+// CreateSnapshotGroup snapshots the volumes refs at one point in time:
+// every mounted member is frozen, all are copied, all are thawed. The
+// member snapshots are named <name>-<volume name> and carry the group's
+// name. Idempotent as CreateSnapshot.
+func (s *Store) CreateSnapshotGroup(ctx context.Context, volumeRefs []string, name string, opts SnapshotOptions) ([]*Snapshot, error) {
+	if err := ValidateName(name); err != nil {
+		return nil, fmt.Errorf("group snapshot: %w", err)
+	}
+	if len(volumeRefs) == 0 {
+		return nil, fmt.Errorf("group snapshot %s: no volumes: %w", name, ErrInvalid)
+	}
+	var uuids []string
+	for _, ref := range volumeRefs {
+		v, err := s.Get(ref)
+		if err != nil {
+			return nil, fmt.Errorf("group snapshot %s: %w", name, err)
+		}
+		uuids = append(uuids, v.UUID)
+	}
+	locked, err := s.lockAll(uuids)
+	if err != nil {
+		return nil, fmt.Errorf("group snapshot %s: %w", name, err)
+	}
+	defer unlockAll(locked)
+	if len(locked) != len(uuids) {
+		return nil, fmt.Errorf("group snapshot %s: a volume is named twice: %w", name, ErrInvalid)
+	}
+	vols := make([]*Volume, len(locked))
+	names := make([]string, len(locked))
+	for i, lv := range locked {
+		v, err := s.readMeta(lv.uuid)
+		if err != nil {
+			return nil, fmt.Errorf("group snapshot %s: %w", name, err)
+		}
+		vols[i], names[i] = v, name+"-"+v.Name
+		if err := ValidateName(names[i]); err != nil {
+			return nil, fmt.Errorf("group snapshot %s: member of %s: %w", name, v.Name, err)
+		}
+	}
+	opts.group = name
+	sns, err := s.snapshotVolumes(ctx, vols, names, opts)
+	if err != nil {
+		return nil, fmt.Errorf("group snapshot %s: %w", name, err)
+	}
+	return sns, nil
+}
+
+// snapshotVolumes snapshots vols (whose locks the caller holds) as
+// names[i]: reserve each (state creating), quiesce all, copy each, release
+// all, mark each ready. A failure removes what this call made and leaves
+// the snapshots that were ready before.
+func (s *Store) snapshotVolumes(ctx context.Context, vols []*Volume, names []string, opts SnapshotOptions) (out []*Snapshot, err error) {
+	sns := make([]*Snapshot, len(vols))
+	var todo []int
+	for i, v := range vols {
+		if v.State != StateReady || v.ExpandingTo != 0 {
+			return nil, fmt.Errorf("volume %s: state %s: %w", v.Name, stateOf(v), ErrNotReady)
+		}
+		sn, err := s.reserveSnapshot(v, names[i], opts)
+		if err != nil {
+			s.undoSnapshots(sns)
+			return nil, err
+		}
+		if sn.State == StateReady {
+			sns[i] = sn
+			continue
+		}
+		sns[i] = sn
+		todo = append(todo, i)
+	}
+	if len(todo) == 0 {
+		return sns, nil
+	}
+	made := make([]*Snapshot, 0, len(todo))
+	for _, i := range todo {
+		made = append(made, sns[i])
+	}
+	defer func() {
+		if err != nil {
+			s.undoSnapshots(made)
+		}
+	}()
+	crashPoint("snapshot:reserved")
+	srcs := make([]int, len(vols))
+	for i := range srcs {
+		srcs[i] = -1
+	}
+	defer func() {
+		for _, fd := range srcs {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+		}
+	}()
+	var quiet []*quiesced
+	defer func() {
+		for _, q := range quiet {
+			q.release()
+		}
+	}()
+	for _, i := range todo {
+		fd, _, ours, err := s.openOwned(vols[i], "snapshot")
+		if err != nil {
+			return nil, err
+		}
+		srcs[i] = fd
+		q, err := s.quiesce(vols[i], ours)
+		if err != nil {
+			return nil, err
+		}
+		quiet = append(quiet, q)
+		sns[i].Consistency = q.consistency
+	}
+	crashPoint("snapshot:frozen")
+	for _, i := range todo {
+		method, err := s.copyIntoSnapshot(ctx, sns[i], srcs[i], opts.Progress)
+		if err != nil {
+			return nil, err
+		}
+		sns[i].Method = method
+	}
+	crashPoint("snapshot:copied")
+	for _, q := range quiet {
+		if err := q.release(); err != nil {
+			return nil, err
+		}
+		if q.frozen != nil {
+			s.log.Info("filesystem frozen for snapshot", "mount", q.frozen.path, "held", q.frozen.heldFor())
+		}
+	}
+	for _, i := range todo {
+		sns[i].State = StateReady
+		sns[i].ReadyToUse = true
+		if err := s.writeSnapMeta(sns[i]); err != nil {
+			return nil, err
+		}
+		s.log.Info("snapshot created", "snapshot", sns[i].Name, "uuid", sns[i].UUID, "volume", vols[i].Name,
+			"method", sns[i].Method, "consistency", sns[i].Consistency)
+	}
+	crashPoint("snapshot:ready")
+	s.measureSnapshots(sns)
+	return sns, nil
+}
+
+func stateOf(v *Volume) State {
+	if v.State == StateReady && v.ExpandingTo != 0 {
+		return StateExpanding
+	}
+	return v.State
+}
+
+// reserveSnapshot records snapshot name of v in state creating, under the
+// store lock (after v's, as expand takes them), after checking the name
+// and the space the copy may take. A snapshot of that name and source that exists is returned as it
+// is (ready, or creating: made anew by the caller).
+func (s *Store) reserveSnapshot(v *Volume, name string, opts SnapshotOptions) (*Snapshot, error) {
+	unlock, err := s.lock(storeLock)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	sns, err := s.listSnapshots()
+	if err != nil {
+		return nil, err
+	}
+	for _, sn := range sns {
+		if sn.Name != name {
+			continue
+		}
+		if sn.SourceUUID != v.UUID {
+			return nil, fmt.Errorf("snapshot name %q is taken by a snapshot of volume %s: %w", name, sn.SourceName, ErrExists)
+		}
+		if sn.State == StateReady || sn.State == StateCreating {
+			return sn, nil
+		}
+		return nil, fmt.Errorf("snapshot %q is %s; delete it first: %w", name, sn.State, ErrNotReady)
+	}
+	// A copy may cost as much as the volume holds: the policy counts a
+	// snapshot's allocation as promised (it never grows beyond it).
+	if err := s.checkSpace(s.allocated(v.UUID), false); err != nil {
+		return nil, err
+	}
+	dir, err := s.snapDirFD() // made here, the first time
+	if err != nil {
+		return nil, err
+	}
+	unix.Close(dir)
+	sn := &Snapshot{
+		Name: name, UUID: NewUUID(), SourceUUID: v.UUID, SourceName: v.Name,
+		SizeBytes: v.SizeBytes, Mode: v.Mode, FSType: v.FSType, Partitioned: v.Partitioned,
+		BlockSize: v.BlockSize, Group: opts.group, State: StateCreating,
+		CreatedAt: time.Now().UTC().Truncate(time.Second), Labels: maps.Clone(opts.Labels),
+	}
+	if err := s.writeSnapMeta(sn); err != nil {
+		return nil, err
+	}
+	return sn, nil
+}
+
+// copyIntoSnapshot copies the open backing file src into the snapshot's
+// file, made anew (a crashed run's is truncated first).
+func (s *Store) copyIntoSnapshot(ctx context.Context, sn *Snapshot, src int, progress func(done, total int64)) (CopyMethod, error) {
+	unlock, err := s.lock(snapLock(sn.UUID))
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	dir, err := s.snapDirFD()
+	if err != nil {
+		return "", err
+	}
+	defer unix.Close(dir)
+	dst, err := s.createIn(dir, sn.UUID, "snapshot file", s.snapPath(sn.UUID))
+	if err != nil {
+		return "", err
+	}
+	defer unix.Close(dst)
+	var st unix.Stat_t
+	if err := unix.Fstat(src, &st); err != nil {
+		return "", fmt.Errorf("stat source of snapshot %s: %w", sn.Name, err)
+	}
+	method, err := copyFile(ctx, dst, src, st.Size, progress)
+	if err != nil {
+		return "", fmt.Errorf("copy into %s: %w", s.snapPath(sn.UUID), err)
+	}
+	return method, fsutil.SyncDir(filepath.Join(s.root, snapDir))
+}
+
+// createIn makes the file name in dir empty and open for writing: a new
+// file (O_EXCL), or one a crashed run left, proven by the backing file
+// rules and truncated. The caller closes the fd.
+func (s *Store) createIn(dir int, name, kind, path string) (int, error) {
+	fd, err := unix.Openat(dir, name, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if errors.Is(err, unix.EEXIST) {
+		fd, _, err = s.openIn(dir, name, kind, path, unix.O_RDWR)
+		if err != nil {
+			return -1, err
+		}
+		if err := unix.Ftruncate(fd, 0); err != nil {
+			unix.Close(fd)
+			return -1, &os.PathError{Op: "truncate", Path: path, Err: err}
+		}
+		return fd, nil
+	}
+	if err != nil {
+		return -1, &os.PathError{Op: "create", Path: path, Err: err}
+	}
+	return fd, nil
+}
+
+// undoSnapshots removes snapshots a failed create made (file, then
+// metadata); a failure is logged and leaves the snapshot creating, for a
+// rerun or DeleteSnapshot.
+func (s *Store) undoSnapshots(sns []*Snapshot) {
+	for _, sn := range sns {
+		if sn == nil || sn.State == StateReady {
+			continue
+		}
+		if err := s.removeSnapshot(sn); err != nil {
+			s.log.Warn("failed snapshot left in state creating", "snapshot", sn.Name, "uuid", sn.UUID, "error", err)
+		}
+	}
+}
+
+// DeleteSnapshot removes a snapshot: marked deleting, its file, its
+// metadata. A crash midway leaves it deleting, for the next delete. A
+// snapshot's file that breaks the backing file rules is refused and left.
+func (s *Store) DeleteSnapshot(ctx context.Context, ref string) error {
+	sn, err := s.findSnapshot(ref)
+	if err != nil {
+		return err
+	}
+	unlock, err := s.lock(snapLock(sn.UUID))
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if sn.State != StateBroken {
+		if sn, err = s.readSnapMeta(sn.UUID); err != nil {
+			return fmt.Errorf("delete snapshot %s: %w", ref, err)
+		}
+		if sn.State != StateDeleting {
+			sn.State = StateDeleting
+			if err := s.writeSnapMeta(sn); err != nil {
+				return err
+			}
+		}
+	}
+	crashPoint("snapshot-delete:marked")
+	if err := s.removeSnapshot(sn); err != nil {
+		return fmt.Errorf("delete snapshot %s: %w", sn.Name, err)
+	}
+	s.log.Info("snapshot deleted", "snapshot", sn.Name, "uuid", sn.UUID)
+	return nil
+}
+
+// removeSnapshot removes sn's file (if it follows the rules) and then its
+// metadata.
+func (s *Store) removeSnapshot(sn *Snapshot) error {
+	dir, err := s.snapDirFD()
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dir)
+	switch _, err := s.statIn(dir, sn.UUID, "snapshot file", s.snapPath(sn.UUID)); {
+	case isNotExist(err):
+	case err != nil:
+		return fmt.Errorf("%w (remove it yourself once you know what it is, then delete again)", err)
+	default:
+		if err := unix.Unlinkat(dir, sn.UUID, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+			return &os.PathError{Op: "remove", Path: s.snapPath(sn.UUID), Err: err}
+		}
+	}
+	crashPoint("snapshot-delete:file")
+	return s.removeSnapMeta(sn.UUID)
+}
+
+// openSnapshot opens a ready snapshot's file read-only (the backing file
+// rules apply). The caller closes the fd.
+func (s *Store) openSnapshot(sn *Snapshot) (int, error) {
+	if sn.State != StateReady {
+		return -1, fmt.Errorf("snapshot %s: state %s: %w", sn.Name, sn.State, ErrNotReady)
+	}
+	dir, err := s.snapDirFD()
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(dir)
+	fd, _, err := s.openIn(dir, sn.UUID, "snapshot file", s.snapPath(sn.UUID), unix.O_RDONLY)
+	if err != nil {
+		return -1, fmt.Errorf("snapshot %s: %w", sn.Name, err)
+	}
+	return fd, nil
+}
+
+// quiesced is a volume made ready for a copy of its backing file.
+type quiesced struct {
+	consistency Consistency
+	frozen      *frozen
+}
+
+func (q *quiesced) release() error {
+	if q.frozen == nil {
+		return nil
+	}
+	return q.frozen.thaw()
+}
+
+// quiesce makes what the volume's devices (ours, proven by the caller)
+// hold reach the backing file: a mounted filesystem is frozen (which
+// flushes it), and every device's buffers are flushed. The caller holds
+// v's lock and releases the result.
+func (s *Store) quiesce(v *Volume, ours []*loop.Device) (*quiesced, error) {
+	q := &quiesced{consistency: ConsistencyQuiet}
+	if len(ours) == 0 {
+		return q, nil
+	}
+	dev := ours[0]
+	data, _ := dataDevice(v, dev)
+	if v.Mode == ModeFilesystem && data != "" {
+		mounts, err := loop.ReadMountTable().Of(data)
+		if err != nil {
+			return nil, fmt.Errorf("volume %s: %w", v.Name, err)
+		}
+		if len(mounts) > 0 {
+			var st unix.Stat_t
+			if err := unix.Stat(data, &st); err != nil {
+				return nil, fmt.Errorf("volume %s: %w", v.Name, err)
+			}
+			f, err := freeze(mounts[0], st.Rdev, s.opts.FreezeTimeout)
+			if err != nil {
+				return nil, fmt.Errorf("volume %s: %w", v.Name, err)
+			}
+			q.frozen, q.consistency = f, ConsistencyFrozen
+		}
+	}
+	for _, d := range ours {
+		if q.frozen == nil && loop.Busy(d.Path) != nil {
+			q.consistency = ConsistencyCrash
+		}
+		if err := flushDevice(d, v.owner(d.Backing)); err != nil {
+			q.release()
+			return nil, fmt.Errorf("volume %s: %w", v.Name, err)
+		}
+	}
+	return q, nil
+}
+
+// flushDevice writes what the kernel buffers for the device d to its
+// backing file (fsync of the block device), after proving it owner's.
+func flushDevice(d *loop.Device, owner loop.Owner) error {
+	held, err := loop.Hold(d.Path, owner)
+	if err != nil {
+		return err
+	}
+	defer held.Close()
+	return held.Sync()
+}

@@ -1,0 +1,252 @@
+package volume
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"os"
+	osexec "os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/testutil"
+)
+
+// fsStore opens a store on a loop-mounted filesystem of fsType made for
+// the test: xfs with reflink (snapshots share extents), ext4 (they copy).
+func fsStore(t *testing.T, fsType string, opts Options) *Store {
+	t.Helper()
+	dir := testutil.FilesystemDir(t, fsType, 4<<30)
+	t.Cleanup(func() {
+		for _, dev := range boundUnder(dir) {
+			osexec.Command("losetup", "-d", dev).Run()
+			t.Errorf("leaked loop device %s", dev)
+		}
+	})
+	s, err := Open(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// storeKinds are the stores snapshots are proven on, with the copy
+// method each must use.
+var storeKinds = []struct {
+	fs     string
+	method CopyMethod
+}{
+	{"xfs", CopyReflink},
+	{"ext4", CopySparse},
+}
+
+// TestSnapshotRestoreClone: on a reflink store and a copy store, for
+// every kind of volume, a snapshot of the volume (mounted where it has a
+// filesystem: frozen) restores to a new volume that holds the data and has
+// an identity of its own; a clone does alike; the snapshot outlives its
+// volume; deleting it leaves nothing.
+func TestSnapshotRestoreClone(t *testing.T) {
+	kinds := []struct {
+		name string
+		req  CreateRequest
+	}{
+		{"ext4", CreateRequest{SizeBytes: 64 << 20}},
+		{"xfs", CreateRequest{SizeBytes: 320 << 20, FSType: "xfs"}},
+		{"raw-gpt", CreateRequest{SizeBytes: 16 << 20, Mode: ModeBlock}},
+		{"raw-whole", CreateRequest{SizeBytes: 16 << 20, Mode: ModeBlock, NoPartition: true}},
+	}
+	for _, sk := range storeKinds {
+		t.Run(sk.fs+"-store", func(t *testing.T) {
+			s := fsStore(t, sk.fs, Options{})
+			ctx := context.Background()
+			for _, k := range kinds {
+				t.Run(k.name, func(t *testing.T) {
+					req := k.req
+					req.Name = "src-" + k.name
+					req.KeepAttached = true
+					v := mustCreate(t, s, req)
+					st, err := s.Status(v.Name)
+					if err != nil {
+						t.Fatal(err)
+					}
+					payload := make([]byte, 4<<20)
+					rand.Read(payload)
+					writeData(t, v, st, payload)
+					want := ConsistencyQuiet
+					var srcTotal int64
+					if v.Mode == ModeFilesystem {
+						dir := mountTemp(t, st.DataDevice, v.FSType) // kept mounted: frozen
+						want = ConsistencyFrozen
+						srcTotal = fsTotal(t, dir)
+					}
+					sn, err := s.CreateSnapshot(ctx, v.Name, "snap-"+k.name, SnapshotOptions{})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if sn.State != StateReady || !sn.ReadyToUse || sn.Method != sk.method || sn.Consistency != want || sn.SizeBytes != v.SizeBytes {
+						t.Fatalf("snapshot %+v: want ready, %s, %s, %d bytes", sn, sk.method, want, v.SizeBytes)
+					}
+					again, err := s.CreateSnapshot(ctx, v.UUID, sn.Name, SnapshotOptions{})
+					if err != nil || again.UUID != sn.UUID {
+						t.Fatalf("second CreateSnapshot = %+v, %v; want the same snapshot", again, err)
+					}
+					for _, ref := range []string{sn.Name, sn.UUID} {
+						if got, err := s.GetSnapshot(ctx, ref); err != nil || got.UUID != sn.UUID {
+							t.Fatalf("GetSnapshot(%s) = %+v, %v", ref, got, err)
+						}
+					}
+
+					restored := mustCreate(t, s, CreateRequest{Name: "restored-" + k.name, FromSnapshot: sn.Name, KeepAttached: true})
+					clone := mustCreate(t, s, CreateRequest{Name: "clone-" + k.name, CloneOf: v.Name, SizeBytes: v.SizeBytes + 64<<20, KeepAttached: true})
+					for _, c := range []*Volume{restored, clone} {
+						if c.UUID == v.UUID || c.Mode != v.Mode || c.FSType != v.FSType || c.Partitioned != v.Partitioned {
+							t.Fatalf("copy %+v does not match source %+v", c, v)
+						}
+						cst, err := s.Status(c.Name)
+						if err != nil {
+							t.Fatal(err)
+						}
+						assertIdentity(t, c, cst)
+						if got := readData(t, c, cst, len(payload)); !bytes.Equal(got, payload) {
+							t.Fatalf("%s does not hold the source's data", c.Name)
+						}
+					}
+					if cst, _ := s.Status(clone.Name); !clone.Partitioned && cst.DataDeviceBytes != clone.SizeBytes {
+						t.Fatalf("clone's data device is %d bytes, want %d", cst.DataDeviceBytes, clone.SizeBytes)
+					}
+					if clone.Mode == ModeFilesystem {
+						cst, _ := s.Status(clone.Name)
+						dir := mountTemp(t, cst.DataDevice, clone.FSType)
+						if total := fsTotal(t, dir); total < srcTotal+60<<20 {
+							t.Fatalf("clone's filesystem is %d bytes, not grown by 64MiB beyond the source's %d", total, srcTotal)
+						}
+						unix.Unmount(dir, 0)
+					}
+					// Independent files: the source goes, the snapshot stays.
+					for _, name := range []string{v.Name, restored.Name, clone.Name} {
+						unmountAll(t, s, name)
+						if err := s.Delete(ctx, name, DetachOptions{}); err != nil {
+							t.Fatal(err)
+						}
+					}
+					again2 := mustCreate(t, s, CreateRequest{Name: "late-" + k.name, FromSnapshot: sn.UUID})
+					if err := s.Delete(ctx, again2.Name, DetachOptions{}); err != nil {
+						t.Fatal(err)
+					}
+					if err := s.DeleteSnapshot(ctx, sn.Name); err != nil {
+						t.Fatal(err)
+					}
+					if err := s.DeleteSnapshot(ctx, sn.Name); !errors.Is(err, ErrNotFound) {
+						t.Fatalf("second DeleteSnapshot = %v, want ErrNotFound", err)
+					}
+					if entries, _ := os.ReadDir(filepath.Join(s.Root(), snapDir)); len(entries) != 0 {
+						t.Fatalf("left in %s: %v", snapDir, entries)
+					}
+					if vols, err := s.List(); err != nil || len(vols) != 0 {
+						t.Fatalf("volumes left: %+v, %v", vols, err)
+					}
+					if devs := boundUnder(s.Root()); len(devs) > 0 {
+						t.Fatalf("loop devices left: %v", devs)
+					}
+				})
+			}
+		})
+	}
+}
+
+// fsTotal is the size statfs gives the filesystem mounted at dir.
+func fsTotal(t *testing.T, dir string) int64 {
+	t.Helper()
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(dir, &sfs); err != nil {
+		t.Fatal(err)
+	}
+	return int64(sfs.Blocks) * sfs.Bsize
+}
+
+// assertIdentity proves, by blkid, that the copy c carries its own UUID
+// (filesystem) or partition GUID, and no other volume's.
+func assertIdentity(t *testing.T, c *Volume, st *Status) {
+	t.Helper()
+	switch {
+	case c.Mode == ModeFilesystem:
+		got := strings.TrimSpace(run(t, "blkid", "-p", "-s", "UUID", "-o", "value", st.DataDevice))
+		if got != c.UUID {
+			t.Fatalf("%s: filesystem UUID %q, want %s", c.Name, got, c.UUID)
+		}
+	case c.Partitioned:
+		got := strings.ToLower(run(t, "sfdisk", "--json", c.BackingFile))
+		if !strings.Contains(got, c.UUID) {
+			t.Fatalf("%s: partition GUID %s not in the table: %s", c.Name, c.UUID, got)
+		}
+	}
+}
+
+// unmountAll unmounts whatever the test mounted of the volume.
+func unmountAll(t *testing.T, s *Store, ref string) {
+	t.Helper()
+	st, err := s.Status(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range st.MountPoints {
+		if err := unix.Unmount(m, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestSnapshotRefuses: bad names, a missing or unready source and a name
+// taken by another volume's snapshot are refused, changing nothing.
+func TestSnapshotRefuses(t *testing.T) {
+	s := newStore(t, Options{})
+	ctx := context.Background()
+	a := mustCreate(t, s, CreateRequest{Name: "a", SizeBytes: 4 << 20, Mode: ModeBlock, NoPartition: true})
+	b := rawVolume(t, s, "b")
+	if _, err := s.CreateSnapshot(ctx, a.Name, "s", SnapshotOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name      string
+		call      func() error
+		wantClass error
+	}{
+		{"bad name", func() error { _, err := s.CreateSnapshot(ctx, a.Name, "../x", SnapshotOptions{}); return err }, ErrInvalid},
+		{"missing volume", func() error { _, err := s.CreateSnapshot(ctx, "nope", "t", SnapshotOptions{}); return err }, ErrNotFound},
+		{"name of another volume's", func() error { _, err := s.CreateSnapshot(ctx, b.Name, "s", SnapshotOptions{}); return err }, ErrExists},
+		{"missing snapshot", func() error { return s.DeleteSnapshot(ctx, "nope") }, ErrNotFound},
+		{"restore of a missing snapshot", func() error {
+			_, err := s.Create(ctx, CreateRequest{Name: "r", FromSnapshot: "nope"})
+			return err
+		}, ErrNotFound},
+		{"restore smaller", func() error {
+			_, err := s.Create(ctx, CreateRequest{Name: "r", FromSnapshot: "s", SizeBytes: 1 << 20})
+			return err
+		}, ErrInvalid},
+		{"restore with another filesystem", func() error {
+			_, err := s.Create(ctx, CreateRequest{Name: "r", FromSnapshot: "s", FSType: "xfs"})
+			return err
+		}, ErrInvalid},
+		{"both sources", func() error {
+			_, err := s.Create(ctx, CreateRequest{Name: "r", FromSnapshot: "s", CloneOf: "a"})
+			return err
+		}, ErrInvalid},
+		{"mkfs options", func() error {
+			_, err := s.Create(ctx, CreateRequest{Name: "r", CloneOf: "a", MkfsOptions: []string{"-j"}})
+			return err
+		}, ErrInvalid},
+	}
+	before := listing(t, s.Root())
+	for _, tt := range tests {
+		if err := tt.call(); !errors.Is(err, tt.wantClass) {
+			t.Errorf("%s: %v, want %v", tt.name, err, tt.wantClass)
+		}
+	}
+	if after := listing(t, s.Root()); after != before {
+		t.Errorf("refusals changed the store:\nbefore %s\nafter  %s", before, after)
+	}
+}

@@ -1,0 +1,249 @@
+package volume
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"time"
+)
+
+// The sparse stream of export and import: a volume's data extents with
+// their offsets, never its holes.
+//
+//	magic    "SPARSEVOL-STREAM" (16 bytes)
+//	version  uint32, big endian: streamVersion
+//	length   uint32: of the header, at most maxHeader bytes
+//	header   JSON (StreamHeader), exactly length bytes
+//	records, each a type byte:
+//	  'D' offset uint64, length uint32 (1..maxExtent), length bytes of data
+//	  'E' extents uint64, data bytes uint64, then the SHA-256 of every
+//	      byte before it (magic to these counts): the end; nothing follows.
+//
+// Extents come in ascending order and do not overlap; each lies within
+// the header's size. The reader checks each rule as the bytes arrive and
+// the checksum at the end: the importer writes into a file nobody sees
+// and makes a volume of it only after the whole stream passed.
+
+const (
+	streamMagic   = "SPARSEVOL-STREAM"
+	streamVersion = 1
+	maxHeader     = 64 << 10
+	// maxExtent bounds one data record: what the reader buffers at most.
+	maxExtent = 1 << 20
+)
+
+// StreamHeader describes the volume a stream holds.
+type StreamHeader struct {
+	Name        string    `json:"name"`
+	UUID        string    `json:"uuid"`
+	SizeBytes   int64     `json:"sizeBytes"`
+	Mode        Mode      `json:"mode"`
+	FSType      string    `json:"fsType,omitempty"`
+	Partitioned bool      `json:"partitioned,omitempty"`
+	BlockSize   uint32    `json:"blockSize,omitempty"`
+	Snapshot    string    `json:"snapshot,omitempty"` // the snapshot's name, if one was exported
+	CreatedAt   time.Time `json:"createdAt"`
+}
+
+// check applies the rules a header must meet before anything is written.
+func (h *StreamHeader) check() error {
+	switch {
+	case h.Mode != ModeFilesystem && h.Mode != ModeBlock:
+		return fmt.Errorf("mode %q is not filesystem or block", h.Mode)
+	case h.Mode == ModeFilesystem && h.FSType != "ext4" && h.FSType != "xfs":
+		return fmt.Errorf("filesystem %q is not ext4 or xfs", h.FSType)
+	case h.Mode == ModeBlock && h.FSType != "":
+		return fmt.Errorf("a block volume with filesystem %q", h.FSType)
+	case h.Mode == ModeFilesystem && h.Partitioned:
+		return errors.New("a partitioned filesystem volume")
+	case h.SizeBytes <= 0 || h.SizeBytes > maxSize || h.SizeBytes%MiB != 0:
+		return fmt.Errorf("size %d is not a positive whole number of MiB up to %s", h.SizeBytes, FormatSize(maxSize+1))
+	case h.SizeBytes < MinSize(h.FSType):
+		return fmt.Errorf("size %s is below the minimum for %s", FormatSize(h.SizeBytes), kindName(h.FSType))
+	case h.BlockSize != 0 && h.BlockSize != 512 && h.BlockSize != 1024 && h.BlockSize != 2048 && h.BlockSize != 4096:
+		return fmt.Errorf("block size %d is not 512, 1024, 2048 or 4096", h.BlockSize)
+	case !ValidUUID(h.UUID) || h.UUID == nilUUID:
+		return fmt.Errorf("uuid %q is not a canonical UUID", h.UUID)
+	}
+	return ValidateName(h.Name)
+}
+
+// streamWriter writes a stream; the caller checks the header first.
+type streamWriter struct {
+	w              *bufio.Writer
+	sum            hash.Hash
+	extents, bytes uint64
+	end            int64 // where the last extent ended
+	size           int64
+}
+
+func newStreamWriter(w io.Writer, h *StreamHeader) (*streamWriter, error) {
+	hdr, err := json.Marshal(h)
+	if err != nil {
+		return nil, err
+	}
+	sw := &streamWriter{sum: sha256.New(), size: h.SizeBytes}
+	sw.w = bufio.NewWriterSize(io.MultiWriter(w, sw.sum), 1<<20)
+	var pre [24]byte
+	copy(pre[:], streamMagic)
+	binary.BigEndian.PutUint32(pre[16:], streamVersion)
+	binary.BigEndian.PutUint32(pre[20:], uint32(len(hdr)))
+	sw.w.Write(pre[:])
+	_, err = sw.w.Write(hdr)
+	return sw, err
+}
+
+// extent writes data found at off (ascending, at most maxExtent bytes).
+func (sw *streamWriter) extent(off int64, data []byte) error {
+	if off < sw.end || len(data) == 0 || len(data) > maxExtent || off+int64(len(data)) > sw.size {
+		return fmt.Errorf("extent %d+%d out of order or bounds", off, len(data))
+	}
+	var rec [13]byte
+	rec[0] = 'D'
+	binary.BigEndian.PutUint64(rec[1:], uint64(off))
+	binary.BigEndian.PutUint32(rec[9:], uint32(len(data)))
+	sw.w.Write(rec[:])
+	if _, err := sw.w.Write(data); err != nil {
+		return err
+	}
+	sw.extents++
+	sw.bytes += uint64(len(data))
+	sw.end = off + int64(len(data))
+	return nil
+}
+
+// close writes the end record and flushes.
+func (sw *streamWriter) close() error {
+	var rec [17]byte
+	rec[0] = 'E'
+	binary.BigEndian.PutUint64(rec[1:], sw.extents)
+	binary.BigEndian.PutUint64(rec[9:], sw.bytes)
+	if _, err := sw.w.Write(rec[:]); err != nil {
+		return err
+	}
+	if err := sw.w.Flush(); err != nil { // the sum now covers every byte before it
+		return err
+	}
+	_, err := sw.w.Write(sw.sum.Sum(nil))
+	if err == nil {
+		err = sw.w.Flush()
+	}
+	return err
+}
+
+// errStream marks a stream that breaks the format; it is an ErrInvalid.
+var errStream = fmt.Errorf("not a valid sparsevol stream: %w", ErrInvalid)
+
+// readStream reads a whole stream from r: header (checked, then given to
+// onHeader, which may refuse it), then each data extent to onExtent (data
+// is reused after the call), then the end record, the checksum and the end
+// of input. Every rule is checked; a broken rule is errStream, naming it.
+// Nothing is trusted before the checksum matched, so the caller keeps what
+// it wrote invisible until readStream returns nil.
+func readStream(r io.Reader, onHeader func(*StreamHeader) error, onExtent func(off int64, data []byte) error) (*StreamHeader, error) {
+	sum := sha256.New()
+	br := bufio.NewReaderSize(r, 1<<20)
+	in := io.TeeReader(br, sum)
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), errStream)
+	}
+	var pre [24]byte
+	if _, err := io.ReadFull(in, pre[:]); err != nil {
+		return nil, bad("reading the start: %v", err)
+	}
+	if string(pre[:16]) != streamMagic {
+		return nil, bad("no %s magic at the start", streamMagic)
+	}
+	if v := binary.BigEndian.Uint32(pre[16:]); v != streamVersion {
+		return nil, bad("version %d, this sparsevol reads version %d", v, streamVersion)
+	}
+	n := binary.BigEndian.Uint32(pre[20:])
+	if n == 0 || n > maxHeader {
+		return nil, bad("header of %d bytes (at most %d)", n, maxHeader)
+	}
+	raw := make([]byte, n)
+	if _, err := io.ReadFull(in, raw); err != nil {
+		return nil, bad("reading the header: %v", err)
+	}
+	var h StreamHeader
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&h); err != nil {
+		return nil, bad("header: %v", err)
+	}
+	if dec.More() {
+		return nil, bad("header: data after the JSON object")
+	}
+	if err := h.check(); err != nil {
+		return nil, bad("header: %v", err)
+	}
+	if onHeader != nil {
+		if err := onHeader(&h); err != nil {
+			return nil, err
+		}
+	}
+	buf := make([]byte, maxExtent)
+	var extents, total uint64
+	var end int64
+	for {
+		var typ [1]byte
+		if _, err := io.ReadFull(in, typ[:]); err != nil {
+			return nil, bad("reading record %d: %v (the stream ends early)", extents+1, err)
+		}
+		switch typ[0] {
+		case 'D':
+			var rec [12]byte
+			if _, err := io.ReadFull(in, rec[:]); err != nil {
+				return nil, bad("reading extent %d: %v", extents+1, err)
+			}
+			off := binary.BigEndian.Uint64(rec[:])
+			length := binary.BigEndian.Uint32(rec[8:])
+			switch {
+			case length == 0 || length > maxExtent:
+				return nil, bad("extent %d has %d bytes (1 to %d)", extents+1, length, maxExtent)
+			case off > uint64(h.SizeBytes) || uint64(length) > uint64(h.SizeBytes)-off:
+				return nil, bad("extent %d at %d+%d lies beyond the size %d", extents+1, off, length, h.SizeBytes)
+			case int64(off) < end:
+				return nil, bad("extent %d at %d overlaps or precedes the one ending at %d", extents+1, off, end)
+			}
+			data := buf[:length]
+			if _, err := io.ReadFull(in, data); err != nil {
+				return nil, bad("reading extent %d: %v", extents+1, err)
+			}
+			if err := onExtent(int64(off), data); err != nil {
+				return nil, err
+			}
+			extents++
+			total += uint64(length)
+			end = int64(off) + int64(length)
+		case 'E':
+			var rec [16]byte
+			if _, err := io.ReadFull(in, rec[:]); err != nil {
+				return nil, bad("reading the end: %v", err)
+			}
+			want := sum.Sum(nil) // of everything up to here
+			var got [sha256.Size]byte
+			if _, err := io.ReadFull(br, got[:]); err != nil {
+				return nil, bad("reading the checksum: %v", err)
+			}
+			if e, b := binary.BigEndian.Uint64(rec[:]), binary.BigEndian.Uint64(rec[8:]); e != extents || b != total {
+				return nil, bad("the end counts %d extents of %d bytes, the stream held %d of %d", e, b, extents, total)
+			}
+			if !bytes.Equal(got[:], want) {
+				return nil, bad("checksum mismatch: the stream was damaged or altered")
+			}
+			if _, err := br.ReadByte(); err != io.EOF {
+				return nil, bad("data after the end")
+			}
+			return &h, nil
+		default:
+			return nil, bad("record %d has unknown type 0x%02x", extents+1, typ[0])
+		}
+	}
+}
