@@ -164,6 +164,7 @@ template unit (sparsevol@<uuid>.service) — no network, no API server.`,
 		newUnitsCommand(g), newDoctorCommand(g), newCSICommand(g), newTrimCommand(g),
 		newRecoverCommand(g), newVersionCommand(g), newManCommand(g),
 		newLimitCommand(g),
+		newSnapshotCommand(g), newExportCommand(g), newImportCommand(g),
 	)
 	root.Version = readBuild().String()
 	root.SetVersionTemplate("{{.Version}}\n")

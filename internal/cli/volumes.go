@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -15,12 +16,13 @@ import (
 
 func newCreateCommand(g *globals) *cobra.Command {
 	var (
-		size, fs, mode, uuid string
-		noPartition          bool
-		mkfsOpts             []string
-		preallocate, noStart bool
-		directIO             bool
-		lf                   *limitFlags
+		size, fs, mode, uuid  string
+		fromSnapshot, cloneOf string
+		noPartition           bool
+		mkfsOpts              []string
+		preallocate, noStart  bool
+		directIO              bool
+		lf                    *limitFlags
 	)
 	cmd := &cobra.Command{
 		Use: "create NAME --size SIZE",
@@ -28,21 +30,37 @@ func newCreateCommand(g *globals) *cobra.Command {
   sparsevol create pg --size 20G --fs xfs --mkfs-option "-m reflink=1"
   sparsevol create raw --size 5G --mode block
   sparsevol create scratch --size 10G --mode block --no-partition --preallocate
-  sparsevol create noisy --size 10G --write-bps 10M --write-iops 500`,
+  sparsevol create noisy --size 10G --write-bps 10M --write-iops 500
+  sparsevol create data-restored --from-snapshot data-monday
+  sparsevol create data-copy --clone-of data --size 20G`,
 		Short: "Create a volume, enable its unit and attach it",
 		Long: `Create a sparse volume: the backing file, then ext4 or XFS whose UUID is the
 volume UUID (filesystem mode), or a GPT whose single partition GUID is the
 volume UUID (block mode; --no-partition for a whole-device raw volume).
 Where systemd runs, sparsevol@<uuid>.service is enabled and started;
-elsewhere the volume is attached directly. Prints the UUID.`,
+elsewhere the volume is attached directly. Prints the UUID.
+
+With --from-snapshot or --clone-of the volume is a copy of a snapshot or of
+another volume (a mounted source is frozen for the copy): mode and
+filesystem are the source's, --size defaults to the source's and may only
+be larger, and the copy gets a filesystem UUID (or partition GUID) of its
+own. On an XFS (reflink) or btrfs store the copy shares the source's
+extents and is instant; elsewhere it copies the data, never the holes.`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if size == "" {
+			sourced := fromSnapshot != "" || cloneOf != ""
+			if size == "" && !sourced {
 				return usagef("--size is required")
 			}
-			bytes, err := volume.ParseSize(size)
-			if err != nil {
-				return err
+			var bytes int64
+			var err error
+			if size != "" {
+				if bytes, err = volume.ParseSize(size); err != nil {
+					return err
+				}
+			}
+			if sourced && !cmd.Flags().Changed("mode") {
+				mode = "" // the source's; a mode given must be it
 			}
 			// Defaults and the rules between mode, filesystem, partition
 			// and mkfs options are volume's (Normalize).
@@ -50,6 +68,10 @@ elsewhere the volume is attached directly. Prints the UUID.`,
 				Name: args[0], UUID: uuid, SizeBytes: bytes, Mode: volume.Mode(mode),
 				FSType: fs, NoPartition: noPartition, MkfsOptions: mkfsOpts,
 				Preallocate: preallocate, KeepAttached: !noStart,
+				FromSnapshot: fromSnapshot, CloneOf: cloneOf,
+			}
+			if sourced && isTerminal(os.Stderr) {
+				req.Progress = progress(g, "copy")
 			}
 			if cmd.Flags().Changed("direct-io") {
 				req.DirectIO = &directIO
@@ -73,7 +95,9 @@ elsewhere the volume is attached directly. Prints the UUID.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&size, "size", "", "logical size: bytes or a number with K, M, G, T (Ki, Mi, ... alike: powers of 1024)")
+	f.StringVar(&size, "size", "", "logical size: bytes or a number with K, M, G, T (Ki, Mi, ... alike: powers of 1024); with a source, default the source's")
+	f.StringVar(&fromSnapshot, "from-snapshot", "", "make the volume a copy of this snapshot (name or UUID)")
+	f.StringVar(&cloneOf, "clone-of", "", "make the volume a copy of this volume (name or UUID)")
 	f.StringVar(&fs, "fs", "", "filesystem: ext4 or xfs (filesystem mode; default ext4)")
 	f.StringVar(&mode, "mode", string(volume.ModeFilesystem), "filesystem or block")
 	f.BoolVar(&noPartition, "no-partition", false, "block mode: no partition table; the whole device is the volume")
