@@ -55,6 +55,7 @@ FUZZ_TARGETS = \
 	./internal/volume:FuzzParseSize \
 	./internal/volume:FuzzValidateName \
 	./internal/volume:FuzzMkfsOptions \
+	./internal/volume:FuzzReadStream \
 	./internal/csi:FuzzParseParameters
 FUZZTIME ?= 60s
 FUZZTIME_TEST ?= 5s

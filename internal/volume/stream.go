@@ -148,7 +148,7 @@ var errStream = fmt.Errorf("not a valid sparsevol stream: %w", ErrInvalid)
 // it wrote invisible until readStream returns nil.
 func readStream(r io.Reader, onHeader func(*StreamHeader) error, onExtent func(off int64, data []byte) error) (*StreamHeader, error) {
 	sum := sha256.New()
-	br := bufio.NewReaderSize(r, 1<<20)
+	br := bufio.NewReaderSize(r, 64<<10)
 	in := io.TeeReader(br, sum)
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), errStream)
@@ -188,7 +188,7 @@ func readStream(r io.Reader, onHeader func(*StreamHeader) error, onExtent func(o
 			return nil, err
 		}
 	}
-	buf := make([]byte, maxExtent)
+	var buf []byte // grown to the largest extent seen, at most maxExtent
 	var extents, total uint64
 	var end int64
 	for {
@@ -211,6 +211,9 @@ func readStream(r io.Reader, onHeader func(*StreamHeader) error, onExtent func(o
 				return nil, bad("extent %d at %d+%d lies beyond the size %d", extents+1, off, length, h.SizeBytes)
 			case int64(off) < end:
 				return nil, bad("extent %d at %d overlaps or precedes the one ending at %d", extents+1, off, end)
+			}
+			if len(buf) < int(length) {
+				buf = make([]byte, length)
 			}
 			data := buf[:length]
 			if _, err := io.ReadFull(in, data); err != nil {

@@ -1,0 +1,48 @@
+package volume
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+)
+
+// TestReadStream: a stream reads back as written; each broken rule is
+// refused with ErrInvalid.
+func TestReadStream(t *testing.T) {
+	good := validStream(t)
+	var got []int64
+	h, err := readStream(bytes.NewReader(good), nil, func(off int64, data []byte) error {
+		got = append(got, off, int64(len(data)), int64(data[0]))
+		return nil
+	})
+	if err != nil || h.SizeBytes != 4<<20 || len(got) != 6 || got[0] != 4096 || got[1] != 512 || got[2] != 1 || got[3] != 1<<20 || got[4] != 4096 || got[5] != 2 {
+		t.Fatalf("readStream = %+v, %v, extents %v", h, err, got)
+	}
+	hdrEnd := 24 + int(good[23]) // header length < 256 here
+	rec := func(off, length uint64) []byte {
+		b := []byte{'D'}
+		for i := 7; i >= 0; i-- {
+			b = append(b, byte(off>>(8*i)))
+		}
+		for i := 3; i >= 0; i-- {
+			b = append(b, byte(length>>(8*i)))
+		}
+		return append(b, make([]byte, length)...)
+	}
+	withRecords := func(recs ...[]byte) []byte {
+		return append(bytes.Clone(good[:hdrEnd]), bytes.Join(recs, nil)...)
+	}
+	tests := map[string][]byte{
+		"overlap":       withRecords(rec(0, 4096), rec(2048, 10)),
+		"backwards":     withRecords(rec(8192, 10), rec(0, 10)),
+		"beyond size":   withRecords(rec(4<<20-10, 11)),
+		"offset wraps":  withRecords(rec(^uint64(0)-5, 10)),
+		"zero length":   withRecords(rec(0, 0)),
+		"no end record": withRecords(rec(0, 10)),
+	}
+	for name, in := range tests {
+		if _, err := readStream(bytes.NewReader(in), nil, func(int64, []byte) error { return nil }); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: %v, want ErrInvalid", name, err)
+		}
+	}
+}
