@@ -37,9 +37,10 @@ type Config struct {
 	// Cgroup is the cgroup that holds all pods, relative to Mount. ""
 	// finds it: kubepods.slice (kubelet's systemd driver) or kubepods
 	// (cgroupfs driver), whichever exists; if neither does yet (attach at
-	// boot runs before kubelet), the one of the driver the hierarchy's
-	// manager suggests (kubepods.slice where systemd runs it) is made,
-	// and kubelet adopts it.
+	// boot runs before kubelet), kubepods.slice is made where systemd
+	// runs the hierarchy, and kubelet adopts it. Elsewhere (no systemd, or
+	// a container's own cgroup namespace) nothing is guessed: limits fail
+	// until the cgroup exists or is named here (and then made).
 	Cgroup string
 }
 
@@ -100,7 +101,7 @@ func (c Config) Supported() error {
 
 // find returns the absolute path of the pods' cgroup and whether it
 // exists; with Cgroup unset, the first of podCgroups that exists, or the
-// one to make.
+// one to make ("" if none may be made).
 func (c Config) find() (string, bool) {
 	m := c.mount()
 	if c.Cgroup != "" {
@@ -112,10 +113,12 @@ func (c Config) find() (string, bool) {
 			return p, true
 		}
 	}
-	if isDir(filepath.Join(m, "init.scope")) { // systemd runs this hierarchy
+	// Where systemd runs the hierarchy (the host's, not a container's
+	// namespace of it), kubelet's slice may be made ahead of kubelet.
+	if isDir(filepath.Join(m, "init.scope")) {
 		return filepath.Join(m, podCgroups[0]), false
 	}
-	return filepath.Join(m, podCgroups[1]), false
+	return "", false
 }
 
 func isDir(p string) bool {
@@ -127,6 +130,9 @@ func isDir(p string) bool {
 // status); it may not exist yet.
 func (c Config) Where() string {
 	p, _ := c.find()
+	if p == "" {
+		return "(no cgroup holding pods under " + c.mount() + " yet)"
+	}
 	return filepath.Join(p, "io.max")
 }
 
@@ -146,6 +152,10 @@ func (c Config) Set(dev uint64, l Limits) error {
 		return err
 	}
 	cg, ok := c.find()
+	if cg == "" {
+		return fmt.Errorf("no cgroup holding pods under %s (%s): kubelet has not made it, or this is not the host's hierarchy (in a pod: mount the host's /sys/fs/cgroup and give --cgroup-mount); name it with --pods-cgroup: %w",
+			c.mount(), strings.Join(podCgroups, ", "), ErrNotSupported)
+	}
 	if !ok {
 		if err := os.MkdirAll(cg, 0o755); err != nil {
 			return fmt.Errorf("make cgroup %s: %w", cg, err)

@@ -120,7 +120,7 @@ func TestFind(t *testing.T) {
 		{"systemd driver", []string{"init.scope", "kubepods.slice", "system.slice"}, "", "kubepods.slice", true},
 		{"cgroupfs driver", []string{"init.scope", "kubepods"}, "", "kubepods", true},
 		{"systemd before kubelet", []string{"init.scope", "system.slice"}, "", "kubepods.slice", false},
-		{"no systemd before kubelet", nil, "", "kubepods", false},
+		{"no systemd before kubelet, or a container's namespace", nil, "", "", false},
 		{"configured", []string{"kubepods.slice", "pods"}, "pods", "pods", true},
 		{"configured, missing", []string{"kubepods.slice"}, "pods/all", "pods/all", false},
 	} {
@@ -131,9 +131,13 @@ func TestFind(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			want := ""
+			if tc.want != "" {
+				want = filepath.Join(m, tc.want)
+			}
 			got, ok := Config{Mount: m, Cgroup: tc.cgroup}.find()
-			if got != filepath.Join(m, tc.want) || ok != tc.exists {
-				t.Errorf("find = %s, %t; want %s, %t", got, ok, filepath.Join(m, tc.want), tc.exists)
+			if got != want || ok != tc.exists {
+				t.Errorf("find = %q, %t; want %q, %t", got, ok, want, tc.exists)
 			}
 		})
 	}
