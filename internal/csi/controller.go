@@ -48,6 +48,8 @@ type spec struct {
 	discard  bool
 	required int64
 	limit    int64
+	fsNamed  bool           // the capability or parameters name a filesystem
+	source   *contentSource // content source, nil for none
 }
 
 // ControllerGetCapabilities advertises the controller RPCs implemented.
@@ -59,6 +61,10 @@ func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 		csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
 		csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
 		csi.ControllerServiceCapability_RPC_MODIFY_VOLUME,
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
+		csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
+		csi.ControllerServiceCapability_RPC_GET_SNAPSHOT,
+		csi.ControllerServiceCapability_RPC_CLONE_VOLUME,
 	}, func(t csi.ControllerServiceCapability_RPC_Type) *csi.ControllerServiceCapability {
 		return &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}}}
 	})}, nil
@@ -142,6 +148,7 @@ func parseRequest(caps []*csi.VolumeCapability, params map[string]string, cr *cs
 		}
 		r.FSType = capFS
 	}
+	s.fsNamed = r.FSType != ""
 	// Block volumes are whole devices: the pod partitions them if it wants.
 	r.NoPartition = r.Mode == volume.ModeBlock
 	if err := r.NormalizeLayout(); err != nil {
@@ -247,12 +254,14 @@ func (s *spec) incompatibility(v *volume.Volume) string {
 	switch {
 	case v.Mode != s.req.Mode:
 		return fmt.Sprintf("it is a %s volume", v.Mode)
-	case v.FSType != s.req.FSType:
+	case (s.source == nil || s.fsNamed) && v.FSType != s.req.FSType:
 		return fmt.Sprintf("it has filesystem %s", v.FSType)
 	case v.SizeBytes < s.required || (s.limit > 0 && v.SizeBytes > s.limit):
 		return fmt.Sprintf("its size %d is outside %d..%d", v.SizeBytes, s.required, s.limit)
 	case v.Preallocate != s.req.Preallocate:
 		return fmt.Sprintf("its provisioning is %s", v.Labels[LabelProvisioning])
+	case sourceOf(v).String() != s.source.String():
+		return fmt.Sprintf("its content source is %q", sourceOf(v))
 	case !slices.Equal(v.MkfsOptions, s.req.MkfsOptions):
 		return fmt.Sprintf("its mkfs options are %q", v.MkfsOptions)
 	case s.req.DirectIO != nil && v.DirectIO != *s.req.DirectIO:
@@ -277,6 +286,7 @@ func (d *Driver) csiVolume(v *volume.Volume) *csi.Volume {
 		VolumeId:           v.UUID,
 		CapacityBytes:      v.SizeBytes,
 		AccessibleTopology: []*csi.Topology{d.topology()},
+		ContentSource:      sourceOf(v).csi(),
 	}
 }
 
@@ -293,7 +303,8 @@ func (d *Driver) onThisNode(req *csi.TopologyRequirement) bool {
 	return false
 }
 
-// CreateVolume makes a sparse volume, idempotent by name.
+// CreateVolume makes a sparse volume, idempotent by name: empty, or from a
+// content source of this node (source.go).
 func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
 	name := req.GetName()
 	if name == "" {
@@ -310,8 +321,9 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if err != nil {
 		return nil, err
 	}
-	if req.GetVolumeContentSource() != nil {
-		return nil, status.Error(codes.InvalidArgument, "volume content sources (snapshots, clones) are not supported")
+	src, err := parseContentSource(req.GetVolumeContentSource())
+	if err != nil {
+		return nil, err
 	}
 	if !d.onThisNode(req.GetAccessibilityRequirements()) {
 		return nil, status.Errorf(codes.ResourceExhausted, "volumes of node %s can only be accessible from %s=%s", d.nodeID, TopologyKey, d.nodeID)
@@ -321,6 +333,24 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		return nil, err
 	}
 	defer release()
+	if src != nil {
+		// The source stays while it is copied: no CSI delete meanwhile.
+		releaseSrc, err := d.busy.acquire(src.id)
+		if err != nil {
+			return nil, err
+		}
+		defer releaseSrc()
+		if err := d.fromSource(ctx, s, src); err != nil {
+			return nil, err
+		}
+		// What a copy may not say (mkfs options ...) is refused before a
+		// volume of that name is looked at.
+		check := s.req
+		check.Name = name
+		if err := check.Normalize(); err != nil {
+			return nil, toStatus(err)
+		}
+	}
 
 	vols, err := d.store.List()
 	if err != nil {

@@ -261,10 +261,10 @@ func TestControllerRules(t *testing.T) {
 			AccessibilityRequirements: &csi.TopologyRequirement{Requisite: []*csi.Topology{{Segments: map[string]string{TopologyKey: "other-node"}}}}})
 		wantCode(t, err, codes.ResourceExhausted)
 	})
-	t.Run("content source", func(t *testing.T) {
+	t.Run("clone of a node-mode volume", func(t *testing.T) {
 		_, err := e.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "clone", VolumeCapabilities: []*csi.VolumeCapability{mountRW},
-			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: nodeVol.UUID}}}})
-		wantCode(t, err, codes.InvalidArgument)
+			VolumeContentSource: volSource(nodeVol.UUID)})
+		wantCode(t, err, codes.FailedPrecondition)
 	})
 
 	t.Run("capacity follows the overcommit policy", func(t *testing.T) {

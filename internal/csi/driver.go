@@ -72,11 +72,13 @@ type Config struct {
 	Mounter *mount.SafeFormatAndMount
 }
 
-// Driver implements the CSI Identity, Controller and Node services.
+// Driver implements the CSI Identity, Controller, GroupController and Node
+// services.
 type Driver struct {
 	csi.UnimplementedIdentityServer
 	csi.UnimplementedControllerServer
 	csi.UnimplementedNodeServer
+	csi.UnimplementedGroupControllerServer
 
 	name       string
 	version    string

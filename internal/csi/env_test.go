@@ -35,6 +35,7 @@ type testEnv struct {
 	ctrl    csi.ControllerClient
 	node    csi.NodeClient
 	ident   csi.IdentityClient
+	group   csi.GroupControllerClient
 	metrics *Metrics
 
 	tmpfs string // store mount point, if on its own tmpfs
@@ -118,6 +119,7 @@ func newTestEnv(t testing.TB, opts ...envOptions) *testEnv {
 	csi.RegisterIdentityServer(srv, drv)
 	csi.RegisterControllerServer(srv, drv)
 	csi.RegisterNodeServer(srv, drv)
+	csi.RegisterGroupControllerServer(srv, drv)
 	go srv.Serve(l)
 	conn, err := grpc.NewClient("unix://"+e.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -125,6 +127,7 @@ func newTestEnv(t testing.TB, opts ...envOptions) *testEnv {
 	}
 	e.conn = conn
 	e.ctrl, e.node, e.ident = csi.NewControllerClient(conn), csi.NewNodeClient(conn), csi.NewIdentityClient(conn)
+	e.group = csi.NewGroupControllerClient(conn)
 	t.Cleanup(func() {
 		conn.Close()
 		srv.Stop()

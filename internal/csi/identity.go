@@ -14,12 +14,14 @@ func (d *Driver) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi
 	return &csi.GetPluginInfoResponse{Name: d.name, VendorVersion: d.version}, nil
 }
 
-// GetPluginCapabilities advertises the controller service, topology and
-// online expansion.
+// GetPluginCapabilities advertises the controller and group controller
+// services, topology (of volumes and of snapshots) and online expansion.
 func (d *Driver) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
 	services := capabilities([]csi.PluginCapability_Service_Type{
 		csi.PluginCapability_Service_CONTROLLER_SERVICE,
 		csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS,
+		csi.PluginCapability_Service_GROUP_CONTROLLER_SERVICE,
+		csi.PluginCapability_Service_SNAPSHOT_ACCESSIBILITY_CONSTRAINTS,
 	}, func(t csi.PluginCapability_Service_Type) *csi.PluginCapability {
 		return &csi.PluginCapability{Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: t}}}
 	})

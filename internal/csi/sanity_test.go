@@ -25,21 +25,20 @@ var expectedSkips = map[string]string{
 	"Controller Publish, UnpublishVolume not supported":    "no controller attach step (see ControllerPublishVolume)",
 	"ControllerPublishVolume.readonly field not supported": "no controller attach step (see ControllerPublishVolume)",
 	"testnodevolumeattachlimit not enabled":                "the attach-limit spec goes through ControllerPublishVolume, which this driver has no use for",
-	"Snapshot not supported":                               "snapshots are not implemented (issue 4 does not ask for them)",
-	"ListSnapshots not supported":                          "snapshots are not implemented",
-	"GetSnapshot not supported":                            "snapshots are not implemented",
-	"DeleteSnapshot not supported":                         "snapshots are not implemented",
-	"CreateSnapshot not supported":                         "snapshots are not implemented",
-	"Volume Cloning not supported":                         "cloning is not implemented (issue 4 does not ask for it)",
 	"ControllerGetVolumeHealth not supported":              "volume health is reported by the node service (NodeGetVolumeHealth), where the device lives",
 	"ControllerListVolumeHealth not supported":             "volume health is reported by the node service (NodeGetVolumeHealth), where the device lives",
-	"GroupControllerService not supported":                 "volume group snapshots are not implemented",
-	"VolumeGroupSnapshots not supported":                   "volume group snapshots are not implemented",
-	"SNAPSHOT_ACCESSIBILITY_CONSTRAINTS not supported":     "snapshots are not implemented",
-	noResourceCapSkip:                                      "ext4 online resize (EXT4_IOC_RESIZE_FS) needs CAP_SYS_RESOURCE, which this host withholds even from root",
+	noResourceCapSkip:    "ext4 online resize (EXT4_IOC_RESIZE_FS) needs CAP_SYS_RESOURCE, which this host withholds even from root",
+	snapshotTopologySkip: "csi-test compares the returned topology with gomega Equal (reflect.DeepEqual): the request's copy was marshaled (sizeCache set), the response's was not, so no driver that reports snapshot topology can pass; TestSnapshotRestoreAndClone checks the same with proto.Equal",
 }
 
 const noResourceCapSkip = "online ext4 resize needs CAP_SYS_RESOURCE (CapEff bit 24), which this process lacks"
+
+// The sanity spec of snapshot topology cannot pass as written (see
+// expectedSkips); it is skipped by name.
+const (
+	snapshotTopologySpec = "should succeed when creating a snapshot with accessibility requirements"
+	snapshotTopologySkip = "csi-test v5.6.0 compares proto messages with reflect.DeepEqual"
+)
 
 // sanityConfigs are the three ways the driver is proven.
 var sanityConfigs = []struct {
@@ -82,6 +81,9 @@ func TestSanity(t *testing.T) {
 			BeforeEach(func() {
 				if ext4 && !hasCapSysResource() && strings.Contains(CurrentSpecReport().FullText(), "node-expand is called after node-publish") {
 					Skip(noResourceCapSkip)
+				}
+				if strings.Contains(CurrentSpecReport().FullText(), snapshotTopologySpec) {
+					Skip(snapshotTopologySkip)
 				}
 			})
 			sanity.GinkgoTest(&cfg)

@@ -50,13 +50,14 @@ func Listen(path string, gid int) (net.Listener, error) {
 	return unixsock.Listen(path, gid)
 }
 
-// NewGRPCServer returns a gRPC server with the driver's three services
+// NewGRPCServer returns a gRPC server with the driver's four services
 // and the logging and metrics interceptor.
 func (d *Driver) NewGRPCServer() *grpc.Server {
 	srv := grpc.NewServer(grpc.UnaryInterceptor(d.intercept))
 	csi.RegisterIdentityServer(srv, d)
 	csi.RegisterControllerServer(srv, d)
 	csi.RegisterNodeServer(srv, d)
+	csi.RegisterGroupControllerServer(srv, d)
 	return srv
 }
 
