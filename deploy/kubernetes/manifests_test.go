@@ -22,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/sparsevol/sparsevol/internal/cli"
@@ -41,7 +42,19 @@ type manifests struct {
 	daemonSets          []*appsv1.DaemonSet
 	services            []*corev1.Service
 	storageClasses      []*storagev1.StorageClass
+	snapshotClasses     []*snapshotClass
 	kustomization       kustomization
+}
+
+// snapshotClass is a VolumeSnapshotClass or VolumeGroupSnapshotClass (the
+// same fields; their Go types live in external-snapshotter, which the
+// main module does not depend on).
+type snapshotClass struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Driver            string            `json:"driver"`
+	DeletionPolicy    string            `json:"deletionPolicy"`
+	Parameters        map[string]string `json:"parameters,omitempty"`
 }
 
 // kustomization is the part of kustomization.yaml this test reads.
@@ -117,6 +130,8 @@ func load(t *testing.T) *manifests {
 				obj = appendNew(&m.services)
 			case "storage.k8s.io/v1 StorageClass":
 				obj = appendNew(&m.storageClasses)
+			case "snapshot.storage.k8s.io/v1 VolumeSnapshotClass", "groupsnapshot.storage.k8s.io/v1 VolumeGroupSnapshotClass":
+				obj = appendNew(&m.snapshotClasses)
 			default:
 				t.Fatalf("%s: unexpected %s %s", where, head.APIVersion, head.Kind)
 			}
@@ -194,6 +209,13 @@ func TestManifests(t *testing.T) {
 			{"", "pods", "list"}, {"", "pods", "watch"}, // csi-resizer's pod informer
 			{"", "events", "create"}, {"", "nodes", "get"}, {"storage.k8s.io", "csinodes", "watch"},
 			{"storage.k8s.io", "storageclasses", "watch"}, {"storage.k8s.io", "volumeattributesclasses", "watch"},
+			// csi-snapshotter, and csi-provisioner restoring a snapshot
+			{"snapshot.storage.k8s.io", "volumesnapshots", "get"}, {"snapshot.storage.k8s.io", "volumesnapshotclasses", "watch"},
+			{"snapshot.storage.k8s.io", "volumesnapshotcontents", "watch"}, {"snapshot.storage.k8s.io", "volumesnapshotcontents", "update"},
+			{"snapshot.storage.k8s.io", "volumesnapshotcontents/status", "patch"},
+			{"groupsnapshot.storage.k8s.io", "volumegroupsnapshotclasses", "watch"},
+			{"groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "update"},
+			{"groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents/status", "patch"},
 		} {
 			if !grants(m.clusterRoles[0].Rules, need.group, need.resource, need.verb) {
 				t.Errorf("the ClusterRole does not grant %s on %s", need.verb, need.resource)
@@ -247,6 +269,26 @@ func TestManifests(t *testing.T) {
 		}
 	})
 
+	t.Run("snapshot classes", func(t *testing.T) {
+		kinds := map[string]bool{}
+		for _, c := range m.snapshotClasses {
+			kinds[c.Kind] = true
+			if c.Driver != driver.Name {
+				t.Errorf("%s %s: driver %q, want %q", c.Kind, c.Name, c.Driver, driver.Name)
+			}
+			if c.DeletionPolicy != "Delete" && c.DeletionPolicy != "Retain" {
+				t.Errorf("%s %s: deletionPolicy %q, want Delete or Retain", c.Kind, c.Name, c.DeletionPolicy)
+			}
+			if len(c.Parameters) > 0 {
+				t.Errorf("%s %s: parameters %v; snapshots take none", c.Kind, c.Name, c.Parameters)
+			}
+		}
+		for _, want := range []string{"VolumeSnapshotClass", "VolumeGroupSnapshotClass"} {
+			if !kinds[want] {
+				t.Errorf("no %s", want)
+			}
+		}
+	})
 	t.Run("DaemonSet", func(t *testing.T) { checkDaemonSet(t, ds, driver.Name) })
 	t.Run("metrics Service", func(t *testing.T) { checkService(t, one(t, "Service", m.services), ds) })
 	t.Run("kustomize images", func(t *testing.T) { checkImages(t, m.kustomization, ds) })
@@ -376,7 +418,7 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, driverName string) {
 		t.Errorf("socket directory on the host is %s, want %s", socketHostDir, want)
 	}
 	// The sidecars: one container each, nothing the binary does itself.
-	sidecars := []string{"csi-provisioner", "csi-resizer"}
+	sidecars := []string{"csi-provisioner", "csi-snapshotter", "csi-resizer"}
 	for _, c := range ds.Spec.Template.Spec.Containers {
 		if c.Name != plugin.Name && !slices.Contains(sidecars, c.Name) {
 			t.Errorf("container %s: the plugin registers with kubelet and answers /healthz itself; only %q run beside it", c.Name, sidecars)
@@ -454,6 +496,15 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, driverName string) {
 		if !fieldRefEnv(prov, env, field) {
 			t.Errorf("csi-provisioner needs %s from %s", env, field)
 		}
+	}
+	// Snapshots are files on the volume's node: each node's snapshotter
+	// takes its own (snapshot-controller --enable-distributed-snapshotting).
+	snap := container(t, ds, "csi-snapshotter")
+	if !slices.Contains(snap.Args, "--node-deployment=true") || !fieldRefEnv(snap, "NODE_NAME", "spec.nodeName") {
+		t.Error("csi-snapshotter must run with --node-deployment=true and NODE_NAME from spec.nodeName")
+	}
+	if got := snap.Image; !strings.HasSuffix(got, ":v8.7.0") {
+		t.Errorf("csi-snapshotter %s; the tests prove v8.7.0", got)
 	}
 }
 
