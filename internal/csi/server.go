@@ -122,6 +122,9 @@ type (
 	withTarget   interface{ GetTargetPath() string }
 	withStaging  interface{ GetStagingTargetPath() string }
 	withPath     interface{ GetVolumePath() string }
+	withSnapshot interface{ GetSnapshotId() string }
+	withSource   interface{ GetSourceVolumeId() string }
+	withGroup    interface{ GetGroupSnapshotId() string }
 )
 
 // logAttrs picks the identifying fields of a request.
@@ -142,6 +145,15 @@ func logAttrs(req any) []any {
 	if r, ok := req.(withPath); ok && r.GetVolumePath() != "" {
 		attrs = append(attrs, "volume_path", r.GetVolumePath())
 	}
+	if r, ok := req.(withSnapshot); ok && r.GetSnapshotId() != "" {
+		attrs = append(attrs, "snapshot_id", r.GetSnapshotId())
+	}
+	if r, ok := req.(withSource); ok && r.GetSourceVolumeId() != "" {
+		attrs = append(attrs, "source_volume_id", r.GetSourceVolumeId())
+	}
+	if r, ok := req.(withGroup); ok && r.GetGroupSnapshotId() != "" {
+		attrs = append(attrs, "group_snapshot_id", r.GetGroupSnapshotId())
+	}
 	return attrs
 }
 
@@ -149,6 +161,7 @@ func logAttrs(req any) []any {
 var quietMethods = map[string]bool{
 	"Probe": true, "GetCapacity": true, "NodeGetVolumeStats": true, "NodeGetCapabilities": true,
 	"ControllerGetCapabilities": true, "GetPluginInfo": true, "GetPluginCapabilities": true,
+	"GroupControllerGetCapabilities": true,
 }
 
 // intercept logs every call (without secrets) and records its metrics.

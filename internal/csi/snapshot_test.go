@@ -500,3 +500,29 @@ func TestGroupSnapshot(t *testing.T) {
 	_, err = e.group.GetVolumeGroupSnapshot(ctx, &csi.GetVolumeGroupSnapshotRequest{GroupSnapshotId: g.GroupSnapshotId})
 	wantCode(t, err, codes.NotFound)
 }
+
+// TestLogAttrsOfSnapshotRequests: a snapshot call is logged by its ids and
+// name, never by its secrets or parameters.
+func TestLogAttrsOfSnapshotRequests(t *testing.T) {
+	secrets := map[string]string{"token": "s3cret"}
+	tests := []struct {
+		req  any
+		want string
+	}{
+		{&csi.CreateSnapshotRequest{Name: "n", SourceVolumeId: "v", Secrets: secrets, Parameters: secrets}, "name=n source_volume_id=v"},
+		{&csi.DeleteSnapshotRequest{SnapshotId: "s", Secrets: secrets}, "snapshot_id=s"},
+		{&csi.ListSnapshotsRequest{SnapshotId: "s", SourceVolumeId: "v", Secrets: secrets}, "snapshot_id=s source_volume_id=v"},
+		{&csi.CreateVolumeGroupSnapshotRequest{Name: "g", Secrets: secrets, Parameters: secrets}, "name=g"},
+		{&csi.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: "g", Secrets: secrets}, "group_snapshot_id=g"},
+	}
+	for _, tc := range tests {
+		attrs := logAttrs(tc.req)
+		var parts []string
+		for i := 0; i+1 < len(attrs); i += 2 {
+			parts = append(parts, fmt.Sprintf("%v=%v", attrs[i], attrs[i+1]))
+		}
+		if got := strings.Join(parts, " "); got != tc.want {
+			t.Errorf("%T: logged %q, want %q", tc.req, got, tc.want)
+		}
+	}
+}
