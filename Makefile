@@ -39,6 +39,7 @@ vet:
 	$(GO) vet ./...
 	$(GO) vet -tags crashtest ./...
 	$(GO) -C tools/packages vet ./...
+	$(GO) -C tools/image vet ./...
 
 # The test command of the README and of CI. Needs root: real loop devices,
 # mkfs and mounts. -tags crashtest compiles in the crash points the
@@ -46,6 +47,7 @@ vet:
 # each fuzz target runs for FUZZTIME_TEST.
 test: build vet
 	$(GO) test -count=1 -tags crashtest -timeout $(TEST_TIMEOUT) ./...
+	$(GO) -C tools/image test -count=1 -timeout $(TEST_TIMEOUT) ./...
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME_TEST)
 
 # The Go fuzz targets (package:target), each run for FUZZTIME: -fuzz takes
@@ -123,6 +125,23 @@ bench-go: build
 
 clean:
 	rm -rf bin
+
+# The plugin image, built without a container daemon (tools/image, its own
+# Go module): bin/sparsevol plus the tools it runs, from the host's Debian
+# packages (cached in IMAGE_CACHE by version). bin/sparsevol-image.tar is
+# an OCI layout that is also a docker archive: `ctr images import`,
+# `docker load` and `podman load` read it. Timestamps are the commit's
+# (SOURCE_DATE_EPOCH above), so a commit always gives the same digest.
+# `make image-push IMAGE=reg/name:tag` pushes it (credentials: docker's
+# config, e.g. `docker login`).
+IMAGE       ?= ghcr.io/sparsevol/sparsevol:latest
+IMAGE_CACHE ?= /var/cache/sparsevol-image
+.PHONY: image image-push
+image: build
+	$(GO) -C tools/image run . -bin $(CURDIR)/bin/sparsevol -name $(IMAGE) -cache $(IMAGE_CACHE) -out $(CURDIR)/bin/sparsevol-image.tar
+
+image-push: build
+	$(GO) -C tools/image run . -bin $(CURDIR)/bin/sparsevol -name $(IMAGE) -cache $(IMAGE_CACHE) -push $(IMAGE)
 
 # The VM reboot test (test/vm, see its README): builds a Debian image once
 # (test/e2e/vmrun, cached under $${SPARSEVOL_E2E_CACHE:-/var/cache/sparsevol-e2e}), installs
