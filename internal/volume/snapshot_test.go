@@ -5,11 +5,14 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"os"
 	osexec "os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -249,4 +252,114 @@ func TestSnapshotRefuses(t *testing.T) {
 	if after := listing(t, s.Root()); after != before {
 		t.Errorf("refusals changed the store:\nbefore %s\nafter  %s", before, after)
 	}
+}
+
+// TestSnapshotUnderWriter: a snapshot of a mounted filesystem taken while
+// a writer creates and fsyncs files restores to a filesystem that fscks
+// clean and holds every file whose fsync returned before the snapshot
+// began, with its content.
+func TestSnapshotUnderWriter(t *testing.T) {
+	for _, sk := range storeKinds {
+		for _, fsType := range []string{"ext4", "xfs"} {
+			t.Run(sk.fs+"-store/"+fsType, func(t *testing.T) {
+				s := fsStore(t, sk.fs, Options{})
+				ctx := context.Background()
+				v := mustCreate(t, s, CreateRequest{Name: "w", SizeBytes: 320 << 20, FSType: fsType, KeepAttached: true})
+				st, err := s.Status(v.Name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				dir := mountTemp(t, st.DataDevice, fsType)
+				var synced atomic.Int64 // files 0..synced-1 are fsynced
+				stop := make(chan struct{})
+				done := make(chan error, 1)
+				go func() {
+					for i := int64(0); ; i++ {
+						select {
+						case <-stop:
+							done <- nil
+							return
+						default:
+						}
+						if err := writeSynced(filepath.Join(dir, fmt.Sprintf("f%06d", i)), fileContent(i)); err != nil {
+							done <- err
+							return
+						}
+						synced.Store(i + 1)
+					}
+				}()
+				for synced.Load() < 50 {
+					time.Sleep(10 * time.Millisecond)
+				}
+				before := synced.Load()
+				sn, err := s.CreateSnapshot(ctx, v.Name, "under-writer", SnapshotOptions{})
+				close(stop)
+				if werr := <-done; werr != nil {
+					t.Fatalf("writer: %v", werr)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if sn.Consistency != ConsistencyFrozen {
+					t.Fatalf("consistency %s, want frozen", sn.Consistency)
+				}
+				r := mustCreate(t, s, CreateRequest{Name: "r", FromSnapshot: sn.Name, KeepAttached: true})
+				rst, err := s.Status(r.Name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if fsType == "ext4" {
+					run(t, "e2fsck", "-f", "-n", rst.DataDevice)
+				} else {
+					run(t, "xfs_repair", "-n", rst.DataDevice)
+				}
+				rdir := mountTemp(t, rst.DataDevice, fsType)
+				for i := int64(0); i < before; i++ {
+					got, err := os.ReadFile(filepath.Join(rdir, fmt.Sprintf("f%06d", i)))
+					if err != nil || !bytes.Equal(got, fileContent(i)) {
+						t.Fatalf("file %d of %d fsynced before the snapshot: %v (%d bytes)", i, before, err, len(got))
+					}
+				}
+				unix.Unmount(rdir, 0)
+				unix.Unmount(dir, 0)
+				for _, name := range []string{r.Name, v.Name} {
+					if err := s.Delete(ctx, name, DetachOptions{}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := s.DeleteSnapshot(ctx, sn.UUID); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	}
+}
+
+func fileContent(i int64) []byte {
+	return bytes.Repeat([]byte(fmt.Sprintf("file %d\n", i)), 1000)
+}
+
+// writeSynced writes path and fsyncs it and its directory.
+func writeSynced(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
