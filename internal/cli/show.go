@@ -116,6 +116,9 @@ func newStatusCommand(g *globals) *cobra.Command {
 				row("Expanding to", fmt.Sprintf("%s (%d bytes; backing file %d bytes)", volume.FormatSize(st.ExpandingTo), st.ExpandingTo, st.FileSizeBytes))
 			}
 			row("Allocated", fmt.Sprintf("%s (%.1f%%)", volume.FormatBytes(st.AllocatedBytes), 100*st.AllocatedRatio()))
+			if st.SharedBytes > 0 {
+				row("Shared", volume.FormatBytes(st.SharedBytes)+" of it with snapshots or clones (counted once in the store's space)")
+			}
 			row("Mode", modeLabel(st))
 			row("Filesystem", dash(st.FSType))
 			row("Backing file", st.BackingFile)

@@ -12,15 +12,19 @@ type Status struct {
 	Attached bool `json:"attached"`
 	// Device is the whole loop device (/dev/loopN); DataDevice is what to
 	// format, mount or hand to a pod: the partition of a partitioned volume.
-	Device           string   `json:"device"`
-	DataDevice       string   `json:"dataDevice"`
-	StablePath       string   `json:"stablePath"`
-	StablePathExists bool     `json:"stablePathExists"`
-	AllocatedBytes   int64    `json:"allocatedBytes"`
-	FileSizeBytes    int64    `json:"fileSizeBytes"`
-	FileMissing      bool     `json:"fileMissing,omitempty"`
-	DirectIOActive   bool     `json:"directIO"`
-	MountPoints      []string `json:"mountPoints,omitempty"`
+	Device           string `json:"device"`
+	DataDevice       string `json:"dataDevice"`
+	StablePath       string `json:"stablePath"`
+	StablePathExists bool   `json:"stablePathExists"`
+	AllocatedBytes   int64  `json:"allocatedBytes"`
+	// SharedBytes is the part of AllocatedBytes that other files (the
+	// volume's snapshots, clones, its source) share: counted once in the
+	// store's Space. Status and Statuses fill it.
+	SharedBytes    int64    `json:"sharedBytes,omitempty"`
+	FileSizeBytes  int64    `json:"fileSizeBytes"`
+	FileMissing    bool     `json:"fileMissing,omitempty"`
+	DirectIOActive bool     `json:"directIO"`
+	MountPoints    []string `json:"mountPoints,omitempty"`
 	// DataDeviceBytes is the size the kernel gives the data device.
 	DataDeviceBytes int64    `json:"dataDeviceBytes,omitempty"`
 	ExtraDevices    []string `json:"extraDevices,omitempty"`
@@ -44,7 +48,9 @@ func (s *Store) Status(ref string) (*Status, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.statusOf(v), nil
+	st := s.statusOf(v)
+	st.SharedBytes = s.sharedBytes(v.UUID)
+	return st, nil
 }
 
 // Statuses reports every volume, scanning loop devices once.
@@ -66,7 +72,9 @@ func (s *Store) Statuses() ([]*Status, error) {
 	mounts := loop.ReadMountTable() // once, not per volume
 	out := make([]*Status, 0, len(vols))
 	for i, v := range vols {
-		out = append(out, s.statusFound(v, idsOf[i], bound, mounts))
+		st := s.statusFound(v, idsOf[i], bound, mounts)
+		st.SharedBytes = s.sharedBytes(v.UUID)
+		out = append(out, st)
 	}
 	return out, nil
 }
