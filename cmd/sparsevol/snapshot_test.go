@@ -176,3 +176,31 @@ func hostileStreams(good []byte) map[string][]byte {
 		"header extra keys": bytes.Replace(good, []byte(`{"name"`), []byte(`{"x":1,"name"`), 1),
 	}
 }
+
+// TestDoctorKnowsSnapshots: doctor fails on a snapshot whose metadata is
+// unreadable and warns of a stray file in the snapshot directory; snapshot
+// delete removes the broken one.
+func TestDoctorKnowsSnapshots(t *testing.T) {
+	root := newRoot(t)
+	mustRun(t, root, "create", "v", "--size", "8M", "--mode", "block", "--no-start")
+	uuid := strings.TrimSpace(mustRun(t, root, "snapshot", "create", "v", "s"))
+	meta := filepath.Join(root, ".snapshots", uuid+".json")
+	if err := os.Truncate(meta, 10); err != nil {
+		t.Fatal(err)
+	}
+	stray := filepath.Join(root, ".snapshots", "stray")
+	if err := os.WriteFile(stray, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := sparsevol(t, root, nil, "doctor")
+	if r.code != 1 || !strings.Contains(r.stdout, "[FAIL] snapshot "+uuid) || !strings.Contains(r.stdout, meta) ||
+		!strings.Contains(r.stdout, "[WARN] snapshots: "+stray) {
+		t.Errorf("doctor: exit %d, want 1, a failure naming %s and a warning naming %s:\n%s%s", r.code, meta, stray, r.stdout, r.stderr)
+	}
+	mustRun(t, root, "snapshot", "delete", uuid)
+	os.Remove(stray)
+	if r := sparsevol(t, root, nil, "doctor"); strings.Contains(r.stdout, "snapshot "+uuid) {
+		t.Errorf("doctor still reports the deleted snapshot:\n%s", r.stdout)
+	}
+	mustRun(t, root, "delete", "v")
+}

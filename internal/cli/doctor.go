@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -228,6 +229,37 @@ func (g *globals) diagnose() []finding {
 		}
 	}
 	out = append(out, g.ioLimitFindings(sts)...)
+	// Snapshots: unreadable metadata, unfinished ones, stray files.
+	sns, err := s.ListSnapshots(context.Background())
+	if err != nil {
+		add("FAIL", "snapshots", err.Error(), "")
+	}
+	for _, sn := range sns {
+		check := "snapshot " + sn.Name
+		switch {
+		case sn.State == volume.StateBroken:
+			add("FAIL", check, sn.Problem, "inspect the file, then `sparsevol snapshot delete "+sn.UUID+"`")
+		case sn.State != volume.StateReady:
+			add("WARN", check, fmt.Sprintf("unfinished (%s)", sn.State),
+				fmt.Sprintf("rerun `sparsevol snapshot create %s %s`, or `sparsevol snapshot delete %s`", sn.SourceName, sn.Name, sn.UUID))
+		}
+	}
+	if len(sns) > 0 {
+		var held, own int64
+		for _, sn := range sns {
+			held, own = held+sn.AllocatedBytes, own+sn.OwnBytes
+		}
+		add("OK", "snapshots", fmt.Sprintf("%d snapshot(s) hold %s, %s of it their own (not shared with volumes)",
+			len(sns), volume.FormatBytes(held), volume.FormatBytes(own)), "")
+	}
+	stray, err := s.StrayFiles()
+	if err != nil {
+		add("WARN", "snapshots", err.Error(), "")
+	}
+	for _, p := range stray {
+		add("WARN", "snapshots", p+" is no snapshot's file or metadata (left by a killed writer, or put there by hand)",
+			"inspect it with `ls -l "+p+"` and remove it once you know what it is")
+	}
 	return append(out, taggedDevices(s.Root(), ours)...)
 }
 

@@ -271,7 +271,7 @@ func (s *Store) CreateSnapshot(ctx context.Context, volumeRef, name string, opts
 // CreateSnapshotGroup snapshots the volumes refs at one point in time:
 // every mounted member is frozen, all are copied, all are thawed. The
 // member snapshots are named <name>-<volume name> and carry the group's
-// name. Idempotent as CreateSnapshot.
+// name, in the order of refs. Idempotent as CreateSnapshot.
 func (s *Store) CreateSnapshotGroup(ctx context.Context, volumeRefs []string, name string, opts SnapshotOptions) ([]*Snapshot, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, fmt.Errorf("group snapshot: %w", err)
@@ -295,10 +295,11 @@ func (s *Store) CreateSnapshotGroup(ctx context.Context, volumeRefs []string, na
 	if len(locked) != len(uuids) {
 		return nil, fmt.Errorf("group snapshot %s: a volume is named twice: %w", name, ErrInvalid)
 	}
-	vols := make([]*Volume, len(locked))
-	names := make([]string, len(locked))
-	for i, lv := range locked {
-		v, err := s.readMeta(lv.uuid)
+	// In the order of refs: the members come back in it.
+	vols := make([]*Volume, len(uuids))
+	names := make([]string, len(uuids))
+	for i, uuid := range uuids {
+		v, err := s.readMeta(uuid)
 		if err != nil {
 			return nil, fmt.Errorf("group snapshot %s: %w", name, err)
 		}
@@ -665,4 +666,31 @@ func flushDevice(d *loop.Device, owner loop.Owner) error {
 	}
 	defer held.Close()
 	return held.Sync()
+}
+
+// StrayFiles lists what lies in the snapshot directory without being a
+// snapshot's file or metadata: a file whose metadata is gone, a temporary
+// file a killed writer left. Nothing reads or removes them; doctor shows
+// them for the operator.
+func (s *Store) StrayFiles() ([]string, error) {
+	entries, err := os.ReadDir(filepath.Join(s.root, snapDir))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list snapshots of %s: %w", s.root, err)
+	}
+	known := map[string]bool{}
+	for _, e := range entries {
+		if uuid, ok := strings.CutSuffix(e.Name(), metaExt); ok && ValidUUID(uuid) {
+			known[uuid], known[e.Name()] = true, true
+		}
+	}
+	var out []string
+	for _, e := range entries {
+		if !known[e.Name()] {
+			out = append(out, filepath.Join(s.root, snapDir, e.Name()))
+		}
+	}
+	return out, nil
 }
