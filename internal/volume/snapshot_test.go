@@ -363,3 +363,51 @@ func writeSynced(path string, data []byte) error {
 	defer d.Close()
 	return d.Sync()
 }
+
+// TestSnapshotGroup: a group snapshot freezes every mounted member, copies
+// all, thaws all; members are named <group>-<volume> and carry the group;
+// a rerun returns the same snapshots.
+func TestSnapshotGroup(t *testing.T) {
+	s := fsStore(t, "xfs", Options{})
+	ctx := context.Background()
+	var refs []string
+	for _, name := range []string{"a", "b"} {
+		v := mustCreate(t, s, CreateRequest{Name: name, SizeBytes: 64 << 20, KeepAttached: true})
+		st, err := s.Status(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mountTemp(t, st.DataDevice, v.FSType)
+		refs = append(refs, name)
+	}
+	sns, err := s.CreateSnapshotGroup(ctx, refs, "grp", SnapshotOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sns) != 2 || sns[0].Name != "grp-a" || sns[1].Name != "grp-b" {
+		t.Fatalf("group members %+v", sns)
+	}
+	for _, sn := range sns {
+		if sn.Group != "grp" || sn.Consistency != ConsistencyFrozen || !sn.ReadyToUse {
+			t.Fatalf("member %+v: want group grp, frozen, ready", sn)
+		}
+	}
+	again, err := s.CreateSnapshotGroup(ctx, refs, "grp", SnapshotOptions{})
+	if err != nil || again[0].UUID != sns[0].UUID || again[1].UUID != sns[1].UUID {
+		t.Fatalf("rerun = %+v, %v; want the same members", again, err)
+	}
+	if _, err := s.CreateSnapshotGroup(ctx, []string{"a", "a"}, "twice", SnapshotOptions{}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a group naming a volume twice: %v, want ErrInvalid", err)
+	}
+	for _, sn := range sns {
+		if err := s.DeleteSnapshot(ctx, sn.UUID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range refs {
+		unmountAll(t, s, name)
+		if err := s.Delete(ctx, name, DetachOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
