@@ -285,6 +285,11 @@ func (s *Store) CreateSnapshotGroup(ctx context.Context, volumeRefs []string, na
 		if err != nil {
 			return nil, fmt.Errorf("group snapshot %s: %w", name, err)
 		}
+		// Refused before any lock: a volume still being created (a clone
+		// holds its source's lock and then its own) is never waited for.
+		if v.State != StateReady {
+			return nil, fmt.Errorf("group snapshot %s: volume %s: state %s: %w", name, v.Name, v.State, ErrNotReady)
+		}
 		uuids = append(uuids, v.UUID)
 	}
 	locked, err := s.lockAll(uuids)
@@ -409,7 +414,6 @@ func (s *Store) snapshotVolumes(ctx context.Context, vols []*Volume, names []str
 			"method", sns[i].Method, "consistency", sns[i].Consistency)
 	}
 	crashPoint("snapshot:ready")
-	s.measureSnapshots(sns)
 	return sns, nil
 }
 
@@ -494,7 +498,9 @@ func (s *Store) copyIntoSnapshot(ctx context.Context, sn *Snapshot, src int, pro
 	if err != nil {
 		return "", fmt.Errorf("copy into %s: %w", s.snapPath(sn.UUID), err)
 	}
-	return method, fsutil.SyncDir(filepath.Join(s.root, snapDir))
+	// The file's directory entry is made durable by the fsync of the
+	// directory that writing the ready metadata next to it ends with.
+	return method, nil
 }
 
 // createIn makes the file name in dir empty and open for writing: a new
