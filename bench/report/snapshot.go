@@ -1,0 +1,293 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// snapshotStores are the stores the snapshot rows run on, each with the cp
+// that does what sparsevol does there.
+var snapshotStores = []struct {
+	fs, name, cpFlag string
+}{
+	{"xfs", "reflink store (XFS reflink=1)", "--reflink=always"},
+	{"ext4", "copy store (ext4)", "--sparse=always"},
+}
+
+const (
+	snapVolumeSize = 10 << 30
+	snapData       = 1 << 30
+)
+
+// runSnapshot: `sparsevol snapshot create` of a 10 GiB volume holding
+// 1 GiB of data on a reflink and a copy store, against cp of the same
+// backing file in the same run; the freeze a mounted volume's snapshot
+// costs; export | import against cp --sparse=always.
+func runSnapshot(ctx context.Context, c *config, r *report) error {
+	for _, st := range snapshotStores {
+		root, cleanup, err := loopStore(ctx, c, st.fs)
+		if err != nil {
+			return err
+		}
+		err = snapshotRows(ctx, c, r, root, st.name, st.cpFlag)
+		if err == nil && st.fs == "ext4" {
+			err = streamRows(ctx, c, r, root)
+		}
+		if err == nil {
+			err = freezeNote(ctx, c, r, root, st.name)
+		}
+		cleanup()
+		if err != nil {
+			return fmt.Errorf("%s: %w", st.name, err)
+		}
+	}
+	return nil
+}
+
+// loopStore makes a store on a loop-mounted filesystem of fsType in the
+// scratch directory; cleanup unmounts it and detaches the device.
+func loopStore(ctx context.Context, c *config, fsType string) (string, func(), error) {
+	img := filepath.Join(c.dir, "snap-"+fsType+".img")
+	f, err := os.Create(img)
+	if err != nil {
+		return "", nil, err
+	}
+	err = f.Truncate(3 * snapVolumeSize)
+	f.Close()
+	if err != nil {
+		return "", nil, err
+	}
+	mkfs := []string{"mkfs.ext4", "-q", img}
+	if fsType == "xfs" {
+		mkfs = []string{"mkfs.xfs", "-q", "-m", "reflink=1", img}
+	}
+	if _, err := run(ctx, mkfs[0], mkfs[1:]...); err != nil {
+		return "", nil, err
+	}
+	dev, err := run(ctx, "losetup", "--find", "--show", img)
+	if err != nil {
+		return "", nil, err
+	}
+	root := filepath.Join(c.dir, "snap-"+fsType)
+	cleanup := func() {
+		run(ctx, c.bin, "--root", root, "detach", "--all")
+		unix.Unmount(root, 0)
+		run(ctx, "losetup", "-d", dev)
+		os.Remove(img)
+	}
+	if err := os.Mkdir(root, 0o700); err != nil {
+		cleanup()
+		return "", nil, err
+	}
+	if _, err := run(ctx, "mount", dev, root); err != nil {
+		cleanup()
+		return "", nil, err
+	}
+	return root, cleanup, os.Chmod(root, 0o700)
+}
+
+// dataVolume creates a whole-device raw volume of snapVolumeSize holding
+// snapData bytes of data in 64 extents spread over it, and returns its
+// backing file.
+func dataVolume(ctx context.Context, c *config, root, name string) (string, error) {
+	uuid, err := run(ctx, c.bin, "--root", root, "create", name, "--size", "10G", "--mode", "block", "--no-partition", "--no-start")
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(root, uuid)
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	const extents = 64
+	buf := make([]byte, snapData/extents)
+	for i := range buf {
+		buf[i] = byte(i*7 + i>>9)
+	}
+	for i := range extents {
+		buf[0] = byte(i)
+		if _, err := f.WriteAt(buf, int64(i)*(snapVolumeSize/extents)); err != nil {
+			return "", err
+		}
+	}
+	return path, f.Sync()
+}
+
+// cpTimes times `cp flag src dst` and, in the same round, `cp flag src
+// dst && sync dst`: sparsevol's snapshot is durable when it returns (its
+// data and metadata fsynced), cp's copy is not until synced.
+func cpTimes(ctx context.Context, flag, src, dst string) (plain, synced time.Duration, err error) {
+	settle(ctx, dst)
+	plain, err = timeIt(func() error { _, err := run(ctx, "cp", flag, src, dst); return err })
+	os.Remove(dst)
+	if err != nil {
+		return 0, 0, err
+	}
+	settle(ctx, dst)
+	synced, err = timeIt(func() error {
+		if _, err := run(ctx, "cp", flag, src, dst); err != nil {
+			return err
+		}
+		_, err := run(ctx, "sync", dst)
+		return err
+	})
+	os.Remove(dst)
+	return plain, synced, err
+}
+
+// settle writes back what the store's filesystem holds dirty (the last
+// round's deletes, XFS's deferred extent frees), so that no measurement
+// pays for the one before.
+func settle(ctx context.Context, path string) {
+	run(ctx, "sync", "-f", filepath.Dir(path))
+}
+
+// addCopyRows adds the rows of one sparsevol measurement against cp and
+// against cp + sync.
+func addCopyRows(r *report, section, name, cpFlag string, ours, plain, synced []time.Duration, value func(time.Duration) string, target bool) {
+	mo, mp, ms2 := median(ours), median(plain), median(synced)
+	rw := row{section: section, name: name, value: value(mo), baseline: "cp " + cpFlag + " " + value(mp), ratio: mp.Seconds() / mo.Seconds()}
+	if target {
+		rw.target, rw.met = "within 10%", check(mo.Seconds() <= 1.1*mp.Seconds())
+	}
+	r.add(rw)
+	r.add(row{section: section, name: name + " vs a durable cp", value: value(mo),
+		baseline: "cp " + cpFlag + " && sync FILE " + value(ms2), ratio: ms2.Seconds() / mo.Seconds()})
+}
+
+func snapshotRows(ctx context.Context, c *config, r *report, root, store, cpFlag string) error {
+	src, err := dataVolume(ctx, c, root, "v")
+	if err != nil {
+		return err
+	}
+	var ours, plain, synced []time.Duration
+	for i := range c.rounds {
+		name := fmt.Sprintf("s%d", i)
+		settle(ctx, src)
+		d, _, err := proc(ctx, c.bin, "--root", root, "snapshot", "create", "v", name)
+		if err != nil {
+			return err
+		}
+		ours = append(ours, d)
+		if _, err := run(ctx, c.bin, "--root", root, "snapshot", "delete", name); err != nil {
+			return err
+		}
+		p, s, err := cpTimes(ctx, cpFlag, src, filepath.Join(root, "cp-copy"))
+		if err != nil {
+			return err
+		}
+		plain, synced = append(plain, p), append(synced, s)
+	}
+	addCopyRows(r, "snapshot of a 10 GiB volume holding 1 GiB, as a process, median (ratio: cp / sparsevol)",
+		store, cpFlag, ours, plain, synced, ms, true)
+	r.note("snapshot, %s: sparsevol %s, cp %s %s, with sync %s per round", store, roundMS(ours), cpFlag, roundMS(plain), roundMS(synced))
+	return nil
+}
+
+// streamRows: export | import (two processes and a pipe) of the data
+// volume into a new volume of the same store, against cp --sparse=always.
+func streamRows(ctx context.Context, c *config, r *report, root string) error {
+	src := ""
+	out, err := run(ctx, c.bin, "--root", root, "status", "v", "-o", "json")
+	if err != nil {
+		return err
+	}
+	var st struct {
+		BackingFile string `json:"backingFile"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		return err
+	}
+	src = st.BackingFile
+	var ours, plain, synced []time.Duration
+	for range c.rounds {
+		settle(ctx, src)
+		d, err := timeIt(func() error { return exportImport(ctx, c.bin, root, "v", "imported") })
+		if err != nil {
+			return err
+		}
+		ours = append(ours, d)
+		if _, err := run(ctx, c.bin, "--root", root, "delete", "imported"); err != nil {
+			return err
+		}
+		p, s, err := cpTimes(ctx, "--sparse=always", src, filepath.Join(root, "cp-copy"))
+		if err != nil {
+			return err
+		}
+		plain, synced = append(plain, p), append(synced, s)
+	}
+	rate := func(d time.Duration) string { return fmt.Sprintf("%.0f MiB/s", float64(snapData)/(1<<20)/d.Seconds()) }
+	addCopyRows(r, "export | import of a 10 GiB volume holding 1 GiB, ext4 store, median (ratio: throughput / cp)",
+		"sparsevol export v | sparsevol import w", "--sparse=always", ours, plain, synced, rate, false)
+	return nil
+}
+
+// exportImport runs `sparsevol export ref | sparsevol import name`.
+func exportImport(ctx context.Context, bin, root, ref, name string) error {
+	exp := exec.CommandContext(ctx, bin, "--root", root, "export", ref)
+	imp := exec.CommandContext(ctx, bin, "--root", root, "import", name, "--no-start")
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	exp.Stdout, imp.Stdin = pw, pr
+	var expErr, impErr strings.Builder
+	exp.Stderr, imp.Stderr = &expErr, &impErr
+	if err := imp.Start(); err != nil {
+		return err
+	}
+	if err := exp.Start(); err != nil {
+		return err
+	}
+	pr.Close()
+	pw.Close()
+	e1, e2 := exp.Wait(), imp.Wait()
+	if e1 != nil || e2 != nil {
+		return fmt.Errorf("export | import: %v %s / %v %s", e1, expErr.String(), e2, impErr.String())
+	}
+	return nil
+}
+
+var heldRE = regexp.MustCompile(`held=([0-9.]+[a-zµ]+)`)
+
+// freezeNote: how long a snapshot of a mounted ext4 volume (10 GiB,
+// 1 GiB of files) keeps it frozen, from the CLI's log.
+func freezeNote(ctx context.Context, c *config, r *report, root, store string) error {
+	uuid, err := run(ctx, c.bin, "--root", root, "create", "m", "--size", "10G")
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(c.dir, "mnt-freeze")
+	os.Mkdir(dir, 0o700)
+	if err := unix.Mount("/dev/sparsevol/"+uuid, dir, "ext4", 0, ""); err != nil {
+		return err
+	}
+	defer unix.Unmount(dir, 0)
+	if err := writeFile(filepath.Join(dir, "data"), snapData); err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, c.bin, "--root", root, "-v", "snapshot", "create", "m", "frozen")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	start := time.Now()
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("snapshot of a mounted volume: %w: %s", err, stderr.String())
+	}
+	total := time.Since(start)
+	held := "?"
+	if m := heldRE.FindStringSubmatch(stderr.String()); m != nil {
+		held = m[1]
+	}
+	r.note("freeze, %s: a snapshot of a mounted 10 GiB ext4 volume holding 1 GiB kept it frozen for %s (the whole snapshot took %s)", store, held, ms(total))
+	return nil
+}
