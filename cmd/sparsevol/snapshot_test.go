@@ -3,12 +3,15 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sparsevol/sparsevol/internal/testutil"
 	"github.com/sparsevol/sparsevol/internal/volume"
@@ -121,8 +124,25 @@ func TestSnapshotCLI(t *testing.T) {
 				}
 			}
 
+			// --keep-uuid where the node does not have the UUID: another
+			// store, the source detached (no link of it anywhere).
+			other := newRoot(t)
+			stream := []byte(sparsevol(t, root, nil, "export", "v").stdout)
+			if r := sparsevolIn(t, other, stream, nil, "import", "kept", "--keep-uuid", "--no-start"); r.code != 0 || strings.TrimSpace(r.stdout) != uuid {
+				t.Fatalf("import --keep-uuid into another store: exit %d, uuid %q, want %s: %s", r.code, r.stdout, uuid, r.stderr)
+			}
+			if got := blkidUUID(t, filepath.Join(other, uuid)); got != uuid {
+				t.Fatalf("kept filesystem UUID %s, want %s", got, uuid)
+			}
+			mustRun(t, other, "delete", "kept")
+
+			// export refuses a terminal as stdout, writing nothing.
+			if r := exportToTerminal(t, root, "s"); r.code != 2 || !strings.Contains(r.stderr, "redirect stdout") {
+				t.Fatalf("export to a terminal: exit %d: %s", r.code, r.stderr)
+			}
+
 			// Hostile streams: refused, nothing changes.
-			stream := []byte(sparsevol(t, root, nil, "export", "s").stdout)
+			stream = []byte(sparsevol(t, root, nil, "export", "s").stdout)
 			before := snapshot(t, root)
 			for name, bad := range hostileStreams(stream) {
 				r := sparsevolIn(t, root, bad, nil, "import", "hostile")
@@ -146,6 +166,38 @@ func TestSnapshotCLI(t *testing.T) {
 			}
 		})
 	}
+}
+
+// exportToTerminal runs export with a pseudo-terminal as stdout.
+func exportToTerminal(t *testing.T, root, ref string) result {
+	t.Helper()
+	ptmx, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ptmx.Close()
+	if err := unix.IoctlSetPointerInt(int(ptmx.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(ptmx.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pts, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pts.Close()
+	cmd := exec.Command(os.Args[0], "--root", root, "export", ref)
+	cmd.Env = append(os.Environ(), asCLI+"=1")
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = pts, &stderr
+	err = cmd.Run()
+	r := result{stderr: stderr.String()}
+	if ee, ok := err.(*exec.ExitError); ok {
+		r.code = ee.ExitCode()
+	}
+	return r
 }
 
 // hostileStreams derives broken streams from a good one.
