@@ -69,7 +69,8 @@ type Snapshot struct {
 	CreatedAt time.Time         `json:"createdAt"`
 	Labels    map[string]string `json:"labels,omitempty"`
 
-	// Found anew by every reader, never stored:
+	// Found anew by every reader, never stored (the sizes by ListSnapshots
+	// and GetSnapshot only; CreateSnapshot does not measure):
 
 	// ReadyToUse: state ready, the file complete.
 	ReadyToUse bool `json:"readyToUse"`

@@ -39,7 +39,10 @@ func TestSpaceCountsSharedOnce(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			sn, err := s.CreateSnapshot(ctx, v.Name, "s", SnapshotOptions{})
+			if _, err := s.CreateSnapshot(ctx, v.Name, "s", SnapshotOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			sn, err := s.GetSnapshot(ctx, "s")
 			if err != nil {
 				t.Fatal(err)
 			}
