@@ -32,10 +32,9 @@ type Disk struct {
 // Suite is what a suite of scenarios adds to a run.
 type Suite struct {
 	Name string // run directories are /var/tmp/sparsevol-<Name>-*
-	// Guest holds the suite's guest files under guest/: steps.sh with a
-	// function step_<name> per step (dashes become underscores), an
-	// optional lib.sh, anything else the steps read. The guest sees them
-	// under /e2e/suite/.
+	// Guest holds the suite's guest files under guest/: lib.sh, the
+	// helpers its steps share, and anything else the steps read. The guest
+	// sees them under /e2e/suite/.
 	Guest fs.FS
 	Disks []Disk
 	// Install runs `make install DESTDIR=<root image>` from this checkout.
@@ -242,11 +241,14 @@ const (
 	Kill     = "kill"     // hard reset: qemu is killed right after the last step
 )
 
-// Step is one guest step of a boot: step_<Name> in the suite's steps.sh,
-// killed after Timeout.
+// Step is one guest step of a boot, killed after Timeout. Script is its
+// body, written in the suite's Go file: bash, run as a function (local and
+// return work) with the shared library (guest/lib.sh) and the suite's
+// guest/lib.sh sourced.
 type Step struct {
 	Name    string
 	Timeout time.Duration
+	Script  string
 }
 
 // BootSpec is one boot: the steps the guest driver runs, in order, and
@@ -268,6 +270,11 @@ func (r *Run) Boot(t testing.TB, spec BootSpec) *Result {
 	r.Results[spec.Name] = res
 	r.Order = append(r.Order, spec.Name)
 
+	if err := writeScripts(filepath.Join(r.Share, "boot", "steps.d"), spec.Steps); err != nil {
+		res.Err = err
+		t.Errorf("boot %s: %v", spec.Name, err)
+		return res
+	}
 	var steps, env strings.Builder
 	for _, s := range spec.Steps {
 		fmt.Fprintf(&steps, "%s %d\n", s.Name, int(s.Timeout.Seconds()))
@@ -390,6 +397,31 @@ wait:
 		}
 	}
 	return res
+}
+
+// writeScripts writes each step's Script to dir/<name>.sh as the body of
+// the function step_main, which the guest's step.sh sources and runs; dir
+// holds only this boot's steps.
+func writeScripts(dir string, steps []Step) error {
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for _, s := range steps {
+		if strings.ContainsAny(s.Name, "/ \n") || s.Name == "" {
+			return fmt.Errorf("step name %q: want a word", s.Name)
+		}
+		if strings.TrimSpace(s.Script) == "" {
+			return fmt.Errorf("step %s has no Script", s.Name)
+		}
+		body := "step_main() {\n" + strings.TrimRight(s.Script, "\n") + "\n}\n"
+		if err := os.WriteFile(filepath.Join(dir, s.Name+".sh"), []byte(body), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func first(s []string) string {

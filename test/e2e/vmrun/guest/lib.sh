@@ -1,5 +1,5 @@
 # The step library of every suite (sourced by step.sh before the suite's
-# own lib.sh and steps.sh).
+# own lib.sh and the step's Script).
 #
 # A step records facts: "key=value" lines in $OUT/$STEP.facts (fact). It
 # does not decide pass or fail; the suite's Go checks do, from the facts,
