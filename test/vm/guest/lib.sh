@@ -1,4 +1,4 @@
-# The volume helpers of test/vm's steps (sourced after the shared library,
+# The volume helpers test/vm's steps share (sourced after the shared library,
 # test/e2e/vmrun/guest/lib.sh, whose fact, fail, die and run they use).
 MNT=/mnt/e2e
 mkdir -p "$STATE/vols" "$MNT"
@@ -169,4 +169,20 @@ gone_facts() {
 	fact "$p.loops" "$(losetup --list --noheadings --raw --output NAME,BACK-FILE | grep -F "$uuid" | oneline)"
 	fact "$p.links" "$(find /dev/disk /dev/sparsevol -name "*$uuid*" 2>/dev/null | oneline)"
 	fact "$p.listed" "$(sv "$name" list -o json | jq -r --arg u "$uuid" '[.[] | select(.uuid == $u)] | length')"
+}
+
+# make_set PREFIX ROOT [keep]: one volume of every kind, with data.
+make_set() {
+	local p=$1 root=$2 keep=${3:-} n
+	create_vol "$p-ext4" ext4 64M "$root" && write_data "$p-ext4" "$keep"
+	create_vol "$p-xfs" xfs 512M "$root" && write_data "$p-xfs" "$keep"
+	create_vol "$p-block" block 64M "$root" && write_data "$p-block"
+	create_vol "$p-raw" raw 64M "$root" && write_data "$p-raw"
+	for n in $(vols_of "$p"); do fact "$n.uuid" "$(vget "$n" uuid)"; done
+}
+
+# check_set PREFIX: check_vol of each volume of the set.
+check_set() {
+	local n
+	for n in $(vols_of "$1"); do check_vol "$n"; done
 }
