@@ -20,35 +20,104 @@ import (
 	"github.com/sparsevol/sparsevol/test/k8s/bins"
 )
 
-// The suite's guest side: step bodies (steps.sh), their helpers (lib.sh),
+// The suite's guest side: the Kubernetes helpers its steps share (lib.sh)
 // and the node's units (units/).
 //
 //go:embed guest
 var guestFiles embed.FS
 
-// The boots: b1 sets every scenario up, b2 checks them after a clean reboot.
-var plan = func() []vmrun.BootSpec {
-	const (
-		short = 600 * time.Second
-		long  = 900 * time.Second
-	)
-	steps := func(names ...string) []vmrun.Step {
-		s := []vmrun.Step{{Name: "cluster", Timeout: long}}
-		for _, n := range names {
-			s = append(s, vmrun.Step{Name: n, Timeout: short})
-		}
-		return s
-	}
-	return []vmrun.BootSpec{
-		{Name: "b1-setup", Next: vmrun.Reboot, Steps: steps("s1-setup", "s2-setup", "s3-setup", "s4-capacity")},
-		{Name: "b2-after-reboot", Next: vmrun.Poweroff, Steps: steps("s2-check", "s3-check", "s1-check", "s3-expand", "s5-cleanup")},
-	}
+// Step limits.
+const (
+	short = 600 * time.Second
+	long  = 900 * time.Second
+)
+
+// The boots, in order; a scenario places its steps in them by name. The
+// cluster comes up first in every boot.
+var timeline = vmrun.Timeline{
+	Boots: []string{
+		"b1-setup",        // every scenario sets up
+		"b2-after-reboot", // and checks after a clean reboot
+	},
+	Every: []vmrun.Step{cluster},
 }
+
+// scenarios: each scenario file adds itself (var _ = scenarios.Add(...)).
+var scenarios vmrun.Scenarios[*run]
+
+// run is one execution of the suite; figures are printed at its end.
+type run struct {
+	*vmrun.Run
+	figures []string
+}
+
+// fig records a figure of the run.
+func (r *run) fig(format string, args ...any) {
+	r.figures = append(r.figures, fmt.Sprintf(format, args...))
+}
+
+// step returns the result of the boot that ran step and whether the step
+// ran to its end without recording a failure (t fails when not).
+func (r *run) step(t *testing.T, step string) (*vmrun.Result, bool) {
+	t.Helper()
+	res := r.Ran(step)
+	return res, vmrun.NeedStep(t, res, step)
+}
+
+// cluster: the cluster comes up (every boot): apiserver, node Ready, the
+// plugin registered with kubelet (CSINode lists the driver), objects of
+// the test.
+var cluster = vmrun.Step{Name: "cluster", Timeout: long, Script: `
+	retry 600 k get --raw /readyz || die "apiserver not ready"
+	fact apiserver_ready_uptime "$(up)"
+	retry 600 node_ready || { k describe node "$NODE"; die "node not Ready"; }
+	fact node_ready_uptime "$(up)"
+	# Native registration: kubelet lists the driver in CSINode.
+	if retry 180 sh -c "kubectl get csinode $NODE -o jsonpath='{.spec.drivers[*].name}' | grep -qw $DRIVER"; then
+		fact csinode_registered_uptime "$(up)"
+		fact plugin_registered yes
+		k get csinode "$NODE" -o jsonpath='{.spec.drivers}'; echo
+	else
+		journalctl -b --no-pager -u sparsevol-csi | tail -n 30
+		journalctl -b --no-pager -u kubelet | grep -i plugin | tail -n 20
+		fact plugin_registered no
+	fi
+	fact node_labels "$(k get node "$NODE" -o jsonpath='{.metadata.labels}')"
+	# The project's own CSIDriver and StorageClasses (deploy/kubernetes).
+	k apply -f "$DEPLOY/csidriver.yaml" -f "$DEPLOY/storageclasses.yaml" || die "apply deploy/kubernetes manifests"
+	k apply -f - <<'YAML' || die "apply test objects"
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: local-static
+provisioner: kubernetes.io/no-provisioner
+volumeBindingMode: WaitForFirstConsumer
+YAML
+	retry 120 k get serviceaccount default || die "no default service account"
+`}
+
+// Scenario 0: the cluster came up and the plugin registered in every boot
+// that ran.
+var _ = scenarios.Add(vmrun.Scenario[*run]{
+	ID: "0-cluster",
+	Check: func(t *testing.T, r *run) {
+		for _, name := range r.Order {
+			if b := r.Results[name]; vmrun.NeedStep(t, b, "cluster") {
+				vmrun.Expect(t, b, "cluster", "plugin_registered", "yes")
+			}
+		}
+	},
+})
 
 func TestKubernetes(t *testing.T) {
 	vmrun.RequireHost(t)
 	total := time.Now()
 	cfg := vmrun.LoadConfig(t, 4096)
+	selected := scenarios.Selected(t)
+	plan, err := vmrun.Plan(timeline, selected)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var figures []string
 	fig := func(format string, args ...any) { figures = append(figures, fmt.Sprintf(format, args...)) }
 
@@ -71,99 +140,20 @@ func TestKubernetes(t *testing.T) {
 	} else {
 		fig("binaries: built in %s", res.Elapsed.Round(time.Second))
 	}
-	// 3. This run's root disk.
-	r := vmrun.NewRun(t, cfg, img, suite(cfg, res))
+	// 3. This run's root disk, its boots, then each scenario's verdict.
+	r := &run{Run: vmrun.NewRun(t, cfg, img, suite(cfg, res)), figures: figures}
 	defer r.Close(t)
-
-	for _, b := range plan() {
-		if br := r.Boot(t, b); br.Err != nil {
-			break
+	vmrun.Play(t, r, plan, selected, func(spec vmrun.BootSpec) *vmrun.Result {
+		b := r.Boot(t, spec)
+		if b.Err == nil {
+			f := b.Step("cluster").Facts
+			r.fig("%s: apiserver ready at %ss, node Ready at %ss, plugin registered (CSINode) at %ss after boot; qemu run %s",
+				b.Spec.Name, f["apiserver_ready_uptime"], f["node_ready_uptime"], f["csinode_registered_uptime"], b.Wall.Round(time.Second))
 		}
-	}
-
-	b1, b2 := r.Results["b1-setup"], r.Results["b2-after-reboot"]
-	for _, b := range []*vmrun.Result{b1, b2} {
-		if b == nil || b.Err != nil {
-			continue
-		}
-		f := b.Step("cluster").Facts
-		fig("%s: apiserver ready at %ss, node Ready at %ss, plugin registered (CSINode) at %ss after boot; qemu run %s",
-			b.Spec.Name, f["apiserver_ready_uptime"], f["node_ready_uptime"], f["csinode_registered_uptime"], b.Wall.Round(time.Second))
-	}
-
-	// Each scenario: its steps ran to their end without a failure, then
-	// the facts that make its verdict.
-	t.Run("0-cluster", func(t *testing.T) {
-		for _, b := range []*vmrun.Result{b1, b2} {
-			if vmrun.NeedStep(t, b, "cluster") {
-				vmrun.Expect(t, b, "cluster", "plugin_registered", "yes")
-			}
-		}
+		return b
 	})
-	t.Run("1-seed-failure-reproduced", func(t *testing.T) {
-		if !vmrun.NeedStep(t, b1, "s1-setup") || !vmrun.NeedStep(t, b2, "s1-check") {
-			return
-		}
-		vmrun.Expect(t, b1, "s1-setup", "unit_enabled", "disabled", "pod_ready", "yes", "data", "same")
-		// After the reboot the volume is not back, and kubelet says why.
-		vmrun.Expect(t, b2, "s1-check", "stable_path_exists", "no", "pod_ready", "no", "event_found", "yes")
-		f := b2.Step("s1-check").Facts
-		vmrun.Logf(t, "scenario 1: unit %s; after the reboot pod-s1 is %s/%s; kubelet at %ss: %s",
-			b1.Step("s1-setup").Facts["unit_enabled"], f["phase"], f["waiting_reason"], f["event_uptime"], f["event"])
-	})
-	t.Run("2-node-mode-fix", func(t *testing.T) {
-		if !vmrun.NeedStep(t, b1, "s2-setup") || !vmrun.NeedStep(t, b2, "s2-check") {
-			return
-		}
-		vmrun.Expect(t, b1, "s2-setup", "unit_enabled", "enabled", "pod_ready", "yes", "data", "same")
-		if vmrun.Expect(t, b2, "s2-check", "pod_ready", "yes", "data", "same") {
-			f := b2.Step("s2-check").Facts
-			fig("scenario 2 (node mode, unit enabled): pod Ready %ss after boot (container started at %ss), data %s; unit %s",
-				f["pod_ready_uptime"], f["started_uptime"], f["data"], f["unit_state"])
-		}
-	})
-	t.Run("3-csi-mode", func(t *testing.T) {
-		if !vmrun.NeedStep(t, b1, "s3-setup") || !vmrun.NeedStep(t, b2, "s3-check") {
-			return
-		}
-		vmrun.Expect(t, b1, "s3-setup", "fs_ready", "yes", "fs_data", "same", "block_ready", "yes", "block_data", "same")
-		if vmrun.Expect(t, b2, "s3-check", "fs_ready", "yes", "fs_data", "same", "block_ready", "yes", "block_data", "same") {
-			f := b2.Step("s3-check").Facts
-			fig("scenario 3 (CSI): filesystem pod Ready %ss after boot (data %s), block pod Ready %ss (data %s)",
-				f["fs_ready_uptime"], f["fs_data"], f["block_ready_uptime"], f["block_data"])
-		}
-	})
-	t.Run("3b-csi-node-expansion", func(t *testing.T) {
-		if !vmrun.NeedStep(t, b2, "s3-expand") {
-			return
-		}
-		if vmrun.Expect(t, b2, "s3-expand", "grown", "yes") {
-			f := b2.Step("s3-expand").Facts
-			fig("scenario 3b (NodeExpandVolume, the test as resizer): ext4 %s KiB -> %s KiB, PVC capacity %s",
-				f["size_before_kib"], f["size_after_kib"], f["pvc_capacity"])
-		}
-	})
-	t.Run("4-capacity", func(t *testing.T) {
-		if !vmrun.NeedStep(t, b1, "s4-capacity") {
-			return
-		}
-		f := b1.Step("s4-capacity").Facts
-		if f["capacity_objects"] == "" || f["capacity_objects"] == "0" {
-			vmrun.Expect(t, b1, "s4-capacity", "capacity_objects", "1 or more")
-		}
-		if vmrun.Expect(t, b1, "s4-capacity", "event_found", "yes", "pvc_phase", "Pending", "store_unchanged", "yes") {
-			fig("scenario 4 (capacity): %s CSIStorageCapacity object(s), capacity %s, topology %s; 100Ti claim %s, pod %s: %q; store unchanged: %s",
-				f["capacity_objects"], f["capacity"], f["capacity_topology"], f["pvc_phase"], f["pod_phase"], f["event"], f["store_unchanged"])
-		}
-	})
-	t.Run("5-cleanup", func(t *testing.T) {
-		if vmrun.NeedStep(t, b2, "s5-cleanup") {
-			vmrun.Expect(t, b2, "s5-cleanup", "pvs_left", "none", "loops_left", "none", "files_left", "none",
-				"units_loaded", "none", "units_enabled", "none")
-		}
-	})
-	fig("total: %s", time.Since(total).Round(time.Second))
-	for _, f := range figures {
+	r.fig("total: %s", time.Since(total).Round(time.Second))
+	for _, f := range r.figures {
 		vmrun.Logf(t, "figure: %s", f)
 	}
 }

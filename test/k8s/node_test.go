@@ -50,22 +50,22 @@ func installNode(mnt string, bin bins.Result) error {
 			return err
 		}
 	}
-	// Units and their helper scripts.
+	// Units, and their helper scripts beside the suite's other files.
 	unitFiles, err := fs.Glob(guestFiles, "guest/units/*")
 	if err != nil {
 		return err
 	}
+	var files []vmrun.File
 	for _, f := range unitFiles {
-		b, _ := guestFiles.ReadFile(f)
 		name := filepath.Base(f)
-		dst := filepath.Join(mnt, "etc/systemd/system", name)
-		mode := os.FileMode(0o644)
 		if strings.HasSuffix(name, ".sh") {
-			dst, mode = filepath.Join(mnt, libDir, name), 0o755
+			files = append(files, vmrun.File{Src: f, Dst: filepath.Join(libDir, name), Mode: 0o755})
+		} else {
+			files = append(files, vmrun.File{Src: f, Dst: filepath.Join("etc/systemd/system", name), Mode: 0o644})
 		}
-		if err := vmrun.WriteFile(dst, b, mode); err != nil {
-			return err
-		}
+	}
+	if err := vmrun.InstallFiles(guestFiles, mnt, files...); err != nil {
+		return err
 	}
 	if err := vmrun.EnableUnits(mnt, nodeUnits...); err != nil {
 		return err

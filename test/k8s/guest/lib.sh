@@ -152,3 +152,32 @@ found_same_token() {
 		echo "not found at container start"
 	fi
 }
+
+# Node mode: a volume made by `sparsevol create`, a local PV from
+# `sparsevol pv`, a PVC and a pod that writes a token. s1's unit is disabled
+# (the seed's setup: nothing re-attaches it at boot); s2's stays enabled.
+node_mode_setup() {
+	local name=$1 enable=$2 uuid token
+	uuid=$(sparsevol create "$name" --size 64M) || die "sparsevol create $name"
+	fact uuid "$uuid"
+	if [ "$enable" = no ]; then
+		systemctl disable "sparsevol@$uuid.service" || die "disable unit"
+	fi
+	fact unit_enabled "$(systemctl is-enabled "sparsevol@$uuid.service" 2>&1)"
+	sparsevol pv "$name" --storage-class local-static --name "pv-$name" >"$STATE/pv-$name.yaml" || die "sparsevol pv"
+	cat "$STATE/pv-$name.yaml"
+	k apply -f "$STATE/pv-$name.yaml" || die "apply pv"
+	pvc_manifest "pvc-$name" local-static 64Mi fs "pv-$name" | k apply -f - || die "apply pvc"
+	token=$(new_token)
+	echo "$token" >"$STATE/token-$name"
+	pod_manifest "pod-$name" "pvc-$name" fs "$token" | k apply -f - || die "apply pod"
+	fact token "$token"
+	if ! wait_pod_ready "pod-$name" 300; then
+		fact pod_ready no
+		return 0
+	fi
+	fact pod_ready yes
+	fact pod_ready_uptime "$(up)"
+	fact data "$(same_token "pod-$name" fs "$token")"
+	findmnt -n -o SOURCE,TARGET | grep -F "pv-$name" || true
+}
