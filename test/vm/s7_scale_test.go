@@ -235,13 +235,26 @@ func (r *run) provisionScale(t *testing.T) (set *scaleSet, err error) {
 		for i := 1; i <= r.cfg.scaleCount; i++ {
 			name := fmt.Sprintf("s7-%03d", i)
 			var out, errOut bytes.Buffer
-			cmd := exec.Command("chroot", mnt, "/usr/local/bin/sparsevol", "-v", "create", name,
-				"--size", r.cfg.scaleSize, "--no-start")
-			cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "SYSTEMD_OFFLINE=1", "LC_ALL=C"}
-			cmd.Stdout = &out
-			cmd.Stderr = &errOut
-			if err := cmd.Run(); err != nil {
-				return fmt.Errorf("chroot sparsevol create %s: %v: %s", name, err, strings.TrimSpace(errOut.String()))
+			// The loop device mkfs formats through is one of the host's, where
+			// other processes may open it first ("apparently in use by the
+			// system"): a rerun of the same create finishes the volume.
+			for attempt := 1; ; attempt++ {
+				out.Reset()
+				errOut.Reset()
+				cmd := exec.Command("chroot", mnt, "/usr/local/bin/sparsevol", "-v", "create", name,
+					"--size", r.cfg.scaleSize, "--no-start")
+				cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "SYSTEMD_OFFLINE=1", "LC_ALL=C"}
+				cmd.Stdout = &out
+				cmd.Stderr = &errOut
+				err := cmd.Run()
+				if err == nil {
+					break
+				}
+				if attempt == 3 {
+					return fmt.Errorf("chroot sparsevol create %s (%d attempts): %v: %s", name, attempt, err, strings.TrimSpace(errOut.String()))
+				}
+				vmrun.Logf(t, "scale: create %s failed (%v), running it again: %s", name, err, vmrun.Tail(strings.TrimSpace(errOut.String()), 2))
+				time.Sleep(time.Second)
 			}
 			uuid := strings.TrimSpace(out.String())
 			if _, err := os.Lstat(filepath.Join(mnt, "etc/systemd/system/multi-user.target.wants/sparsevol@"+uuid+".service")); err != nil {
