@@ -177,7 +177,7 @@ func (s *Store) fillFromSource(ctx context.Context, v *Volume, req CreateRequest
 		err = s.copyFromVolume(ctx, fd, req.source.volume.UUID, req.Progress)
 	}
 	if err != nil {
-		return err
+		return &sourceError{err}
 	}
 	crashPoint("restore:copied")
 	return nil
@@ -263,3 +263,12 @@ func (s *Store) finishCopy(ctx context.Context, v *Volume, dev *loop.Device, src
 	}
 	return s.growDevice(ctx, v, false)
 }
+
+// sourceError is a failure of the source of a copy (a snapshot's file
+// that breaks the backing file rules, a busy source): the new volume's
+// own files are not in question, so create rolls it back, whatever the
+// class (ErrUnsafe included).
+type sourceError struct{ err error }
+
+func (e *sourceError) Error() string { return e.err.Error() }
+func (e *sourceError) Unwrap() error { return e.err }

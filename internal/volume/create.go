@@ -301,10 +301,12 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) (err er
 	// (A crash leaves the volume creating instead, for a rerun or Delete.)
 	// What is not provably the volume's own (ErrUnsafe: a symlink or a
 	// second link in place of the backing file, a foreign device on it) is
-	// left as it is, and so is the volume, for Delete and its rules.
+	// left as it is, and so is the volume, for Delete and its rules;
+	// unless it is the source of a copy that is unsafe (sourceError).
 	undo := true
 	defer func() {
-		if err != nil && undo && !errors.Is(err, ErrUnsafe) {
+		var srcErr *sourceError
+		if err != nil && undo && (!errors.Is(err, ErrUnsafe) || errors.As(err, &srcErr)) {
 			err = s.rollback(v, err)
 		}
 	}()

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	osexec "os/exec"
 	"path/filepath"
@@ -409,5 +410,60 @@ func TestSnapshotGroup(t *testing.T) {
 		if err := s.Delete(ctx, name, DetachOptions{}); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestSnapshotFileRules: a snapshot's file replaced by a symbolic link to
+// a host file, or given a second link, is never read, exported or
+// removed: restore, export and delete refuse with ErrUnsafe and the host
+// file stays as it was.
+func TestSnapshotFileRules(t *testing.T) {
+	plants := []struct {
+		name  string
+		plant func(t *testing.T, path, victim string)
+	}{
+		{"symlink", func(t *testing.T, path, victim string) {
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(victim, path); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"hardlink", func(t *testing.T, path, _ string) {
+			if err := os.Link(path, path+"-second"); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for _, p := range plants {
+		t.Run(p.name, func(t *testing.T) {
+			s := newStore(t, Options{})
+			ctx := context.Background()
+			rawVolume(t, s, "v")
+			sn, err := s.CreateSnapshot(ctx, "v", "s", SnapshotOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			vi := newVictim(t)
+			path := filepath.Join(s.Root(), snapDir, sn.UUID)
+			p.plant(t, path, vi.path)
+			if _, err := s.Create(ctx, CreateRequest{Name: "r", FromSnapshot: "s"}); !errors.Is(err, ErrUnsafe) {
+				t.Errorf("restore: %v, want ErrUnsafe", err)
+			}
+			if _, err := s.Export(ctx, "s", io.Discard, StreamOptions{}); !errors.Is(err, ErrUnsafe) {
+				t.Errorf("export: %v, want ErrUnsafe", err)
+			}
+			if err := s.DeleteSnapshot(ctx, "s"); !errors.Is(err, ErrUnsafe) {
+				t.Errorf("delete: %v, want ErrUnsafe", err)
+			}
+			if _, err := os.Lstat(path); err != nil {
+				t.Errorf("the planted file was removed: %v", err)
+			}
+			vi.intact(t)
+			if _, err := s.Get("r"); !errors.Is(err, ErrNotFound) {
+				t.Errorf("a refused restore left volume r: %v", err)
+			}
+		})
 	}
 }
