@@ -12,6 +12,7 @@ import (
 	"embed"
 	"fmt"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -170,15 +171,26 @@ func suite(cfg vmrun.Config, bin bins.Result) vmrun.Suite {
 			if err := installNode(root, bin); err != nil {
 				return err
 			}
-			// The project's own CSIDriver and StorageClasses.
-			for _, m := range []string{"csidriver.yaml", "storageclasses.yaml"} {
+			// The project's own CSIDriver, StorageClasses and snapshot
+			// classes.
+			for _, m := range []string{"csidriver.yaml", "storageclasses.yaml", "snapshotclass.yaml"} {
 				if err := vmrun.CopyFile(cfg.Repo+"/deploy/kubernetes/"+m, root+"/"+libDir+"/deploy/"+m, 0o644); err != nil {
+					return err
+				}
+			}
+			// The snapshot CRDs, from external-snapshotter's client module.
+			crds, err := bin.Files("crd")
+			if err != nil {
+				return err
+			}
+			for _, c := range crds {
+				if err := vmrun.CopyFile(c, filepath.Join(root, libDir, "crd", filepath.Base(c)), 0o644); err != nil {
 					return err
 				}
 			}
 			return nil
 		},
-		Journals: []string{"sparsevol-csi", "csi-provisioner", "kubelet", "containerd", "kube-apiserver",
+		Journals: []string{"sparsevol-csi", "csi-provisioner", "csi-snapshotter", "snapshot-controller", "kubelet", "containerd", "kube-apiserver",
 			"kube-controller-manager", "kube-scheduler", "etcd", "k8s-images", "k8s-net", "sparsevol@*"},
 	}
 }

@@ -37,7 +37,7 @@ const (
 var nodeUnits = []string{
 	"k8s-net.service", "etcd.service", "kube-apiserver.service", "kube-controller-manager.service",
 	"kube-scheduler.service", "k8s-images.service", "kubelet.service", "sparsevol-csi.service",
-	"csi-provisioner.service",
+	"csi-provisioner.service", "snapshot-controller.service", "csi-snapshotter.service",
 }
 
 // installNode writes into the mounted root image everything that makes it a

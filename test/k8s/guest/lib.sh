@@ -181,3 +181,68 @@ node_mode_setup() {
 	fact data "$(same_token "pod-$name" fs "$token")"
 	findmnt -n -o SOURCE,TARGET | grep -F "pv-$name" || true
 }
+
+CRDS=/usr/local/lib/sparsevol-k8s/crd # snapshot CRDs from external-snapshotter's client module
+
+# snapshot_manifest NAME CLAIM: a VolumeSnapshot of CLAIM, class sparsevol.
+snapshot_manifest() {
+	cat <<YAML
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata:
+  name: $1
+spec:
+  volumeSnapshotClassName: sparsevol
+  source:
+    persistentVolumeClaimName: $2
+YAML
+}
+
+# restore_manifest NAME SIZE KIND SOURCE: a filesystem claim of class
+# sparsevol-ext4 made from a VolumeSnapshot or PersistentVolumeClaim.
+restore_manifest() {
+	local group=""
+	[ "$3" = VolumeSnapshot ] && group="    apiGroup: snapshot.storage.k8s.io"
+	cat <<YAML
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: $1
+spec:
+  storageClassName: sparsevol-ext4
+  accessModes: [ReadWriteOnce]
+  resources:
+    requests:
+      storage: $2
+  dataSource:
+$group
+    kind: $3
+    name: $4
+YAML
+}
+
+# snapshot_ready NAME SECONDS: the VolumeSnapshot is readyToUse.
+snapshot_ready() {
+	local i
+	for ((i = 0; i < $2; i++)); do
+		[ "$(k get volumesnapshot "$1" -o jsonpath='{.status.readyToUse}' 2>/dev/null)" = true ] && return 0
+		sleep 1
+	done
+	return 1
+}
+
+# debug_snapshot NAME: what a human needs when a snapshot is not ready.
+debug_snapshot() {
+	echo "---- volumesnapshot $1"
+	k get volumesnapshot "$1" -o yaml 2>&1 | tail -n 30
+	echo "---- volumesnapshotcontents"
+	k get volumesnapshotcontent -o yaml 2>&1 | tail -n 40
+	echo "---- node labels"
+	k get node "$NODE" -o jsonpath='{.metadata.labels}'; echo
+	echo "---- snapshot-controller (last 30 lines)"
+	journalctl -b --no-pager -u snapshot-controller -n 30 2>&1
+	echo "---- csi-snapshotter (last 30 lines)"
+	journalctl -b --no-pager -u csi-snapshotter -n 30 2>&1
+	echo "---- plugin (last 20 lines)"
+	journalctl -b --no-pager -u sparsevol-csi -n 20 2>&1
+}
