@@ -163,14 +163,32 @@ func (s *Store) removeSnapMeta(uuid string) error {
 	return fsutil.SyncDir(filepath.Join(s.root, snapDir))
 }
 
-// snapshotUUIDs lists the UUIDs of the snapshot metadata files.
-func (s *Store) snapshotUUIDs() ([]string, error) {
-	entries, err := os.ReadDir(filepath.Join(s.root, snapDir))
-	if errors.Is(err, fs.ErrNotExist) {
+// readSnapDir lists the snapshot directory (none yet: nothing). One that
+// is not a directory of its own (a symbolic link to one elsewhere) is
+// ErrUnsafe: nothing in it is read.
+func (s *Store) readSnapDir() ([]os.DirEntry, error) {
+	dir := filepath.Join(s.root, snapDir)
+	fi, err := os.Lstat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
 		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("list snapshots of %s: %w", s.root, err)
+	case !fi.IsDir():
+		return nil, fmt.Errorf("snapshot directory %s is not a directory (a symbolic link?); inspect it with `ls -ld %s`: %w", dir, dir, ErrUnsafe)
 	}
+	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("list snapshots of %s: %w", s.root, err)
+	}
+	return entries, nil
+}
+
+// snapshotUUIDs lists the UUIDs of the snapshot metadata files.
+func (s *Store) snapshotUUIDs() ([]string, error) {
+	entries, err := s.readSnapDir()
+	if err != nil {
+		return nil, err
 	}
 	var out []string
 	for _, e := range entries {
@@ -680,12 +698,9 @@ func flushDevice(d *loop.Device, owner loop.Owner) error {
 // file a killed writer left. Nothing reads or removes them; doctor shows
 // them for the operator.
 func (s *Store) StrayFiles() ([]string, error) {
-	entries, err := os.ReadDir(filepath.Join(s.root, snapDir))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
+	entries, err := s.readSnapDir()
 	if err != nil {
-		return nil, fmt.Errorf("list snapshots of %s: %w", s.root, err)
+		return nil, err
 	}
 	known := map[string]bool{}
 	for _, e := range entries {

@@ -422,6 +422,15 @@ func TestSnapshotFileRules(t *testing.T) {
 		name  string
 		plant func(t *testing.T, path, victim string)
 	}{
+		{"snapshot directory a symlink", func(t *testing.T, path, victim string) {
+			dir := filepath.Dir(path)
+			if err := os.Rename(dir, dir+"-moved"); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(filepath.Dir(victim), dir); err != nil {
+				t.Fatal(err)
+			}
+		}},
 		{"symlink", func(t *testing.T, path, victim string) {
 			if err := os.Remove(path); err != nil {
 				t.Fatal(err)
@@ -457,7 +466,7 @@ func TestSnapshotFileRules(t *testing.T) {
 			if err := s.DeleteSnapshot(ctx, "s"); !errors.Is(err, ErrUnsafe) {
 				t.Errorf("delete: %v, want ErrUnsafe", err)
 			}
-			if _, err := os.Lstat(path); err != nil {
+			if _, err := os.Lstat(path); err != nil && p.name != "snapshot directory a symlink" {
 				t.Errorf("the planted file was removed: %v", err)
 			}
 			vi.intact(t)
@@ -466,4 +475,57 @@ func TestSnapshotFileRules(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSnapshotFreezeBounded: a freeze that outlasts the freeze timeout is
+// ended (the filesystem thawed) and the snapshot fails with ErrBusy,
+// leaving no snapshot behind.
+func TestSnapshotFreezeBounded(t *testing.T) {
+	s := newStore(t, Options{FreezeTimeout: time.Nanosecond})
+	ctx := context.Background()
+	v := mustCreate(t, s, CreateRequest{Name: "v", SizeBytes: 64 << 20, KeepAttached: true})
+	st, err := s.Status(v.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := mountTemp(t, st.DataDevice, v.FSType)
+	if _, err := s.CreateSnapshot(ctx, v.Name, "s", SnapshotOptions{}); !errors.Is(err, ErrBusy) {
+		t.Fatalf("snapshot with a freeze beyond its bound: %v, want ErrBusy", err)
+	}
+	assertThawed(t, dir)
+	if sns, err := s.ListSnapshots(ctx); err != nil || len(sns) != 0 {
+		t.Fatalf("snapshots left: %+v, %v", sns, err)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(s.Root(), snapDir)); len(entries) != 0 {
+		t.Fatalf("left in %s: %v", snapDir, entries)
+	}
+	unix.Unmount(dir, 0)
+	if err := s.Delete(ctx, v.Name, DetachOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// assertThawed fails unless the filesystem at dir is (or, once a late
+// thaw ran, becomes) thawed: a second freeze succeeds where a frozen one
+// is refused with EBUSY.
+func assertThawed(t *testing.T, dir string) {
+	t.Helper()
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	for range 100 {
+		err := unix.IoctlSetInt(fd, ioctlFIFREEZE, 0)
+		if err == nil {
+			unix.IoctlSetInt(fd, ioctlFITHAW, 0)
+			return
+		}
+		if !errors.Is(err, unix.EBUSY) {
+			t.Fatalf("FIFREEZE: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	unix.IoctlSetInt(fd, ioctlFITHAW, 0)
+	t.Fatalf("%s stayed frozen", dir)
 }
