@@ -92,9 +92,9 @@ terminal.`,
 	return cmd
 }
 
-// growPipe gives f, if it is a pipe, a 1 MiB buffer (the default 64 KiB
-// costs a context switch per 64 KiB of a stream); anything else is left
-// as it is.
+// growPipe gives f, if it is a pipe, a buffer as large as the stream's
+// largest record, so that a stream costs fewer context switches than with
+// the kernel's default; anything else is left as it is.
 func growPipe(f *os.File) {
 	var st unix.Stat_t
 	if unix.Fstat(int(f.Fd()), &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFIFO {
