@@ -1,28 +1,33 @@
 package fsutil
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 )
 
-func TestWriteFileAtomic(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "f")
-	for _, content := range []string{"one", "two, longer"} {
-		if err := WriteFileAtomic(path, []byte(content), 0o640); err != nil {
-			t.Fatal(err)
-		}
-		got, err := os.ReadFile(path)
-		if err != nil || string(got) != content {
-			t.Fatalf("read %q, %v; want %q", got, err, content)
-		}
-		if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o640 {
-			t.Errorf("mode %v, want 0640", fi.Mode().Perm())
-		}
-	}
-	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
-		t.Errorf("temporary files left: %v", entries)
+func TestReplaceFile(t *testing.T) {
+	for _, flush := range []Flush{FlushAll, FlushNone, FlushOnce} {
+		t.Run(fmt.Sprint(flush), func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "f")
+			for _, content := range []string{"one", "two, longer"} {
+				if err := ReplaceFile(path, []byte(content), 0o640, flush); err != nil {
+					t.Fatal(err)
+				}
+				got, err := os.ReadFile(path)
+				if err != nil || string(got) != content {
+					t.Fatalf("read %q, %v; want %q", got, err, content)
+				}
+				if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o640 {
+					t.Errorf("mode %v, want 0640", fi.Mode().Perm())
+				}
+			}
+			if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+				t.Errorf("temporary files left: %v", entries)
+			}
+		})
 	}
 }
 
