@@ -164,7 +164,9 @@ func (s *Store) removeBacking(uuid string) error {
 
 // sizeBacking grows the open backing file fd to size: a hole for thin
 // volumes, allocated blocks (fallocate) for thick ones. It never shrinks,
-// and repeating it is harmless, which crash recovery needs.
+// and repeating it is harmless, which crash recovery needs. It flushes
+// nothing: the caller's next flush of the store makes the new size
+// durable (Create's last metadata record, expand's fsync).
 func sizeBacking(fd int, size int64, preallocate bool) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
@@ -178,9 +180,6 @@ func sizeBacking(fd int, size int64, preallocate bool) error {
 		return nil
 	default:
 		err = unix.Ftruncate(fd, size)
-	}
-	if err == nil {
-		err = unix.Fsync(fd)
 	}
 	if err != nil {
 		return fmt.Errorf("size backing file to %d: %w", size, err)

@@ -176,6 +176,11 @@ func (s *Store) fillFromSource(ctx context.Context, v *Volume, req CreateRequest
 	} else {
 		err = s.copyFromVolume(ctx, fd, req.source.volume.UUID, req.Progress)
 	}
+	if err == nil {
+		// The copy is data no mkfs flushes: durable before the record
+		// that names it (Create's last, which flushes only metadata).
+		err = unix.Fsync(fd)
+	}
 	if err != nil {
 		return &sourceError{err}
 	}

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sparsevol/sparsevol/internal/fsutil"
 	"github.com/sparsevol/sparsevol/internal/loop"
 )
 
@@ -267,7 +268,9 @@ func (s *Store) reserve(req CreateRequest) (*Volume, error) {
 		IOLimits:    req.IOLimits,
 	}
 	req.source.record(v)
-	if err := s.writeMeta(v); err != nil {
+	// No flush: until Create's last record, nobody was told of the
+	// volume; a power cut before it may lose this one (see build).
+	if err := s.putMeta(v, fsutil.FlushNone); err != nil {
 		return nil, err
 	}
 	return v, nil
@@ -352,7 +355,10 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) (err er
 	// for Delete, which disables the unit too.
 	undo = false
 	v.State = StateReady
-	if err := s.writeMeta(v); err != nil {
+	// The one flush of a create: on the store's journalling filesystem
+	// it makes this record, the backing file and its size durable at
+	// once (fsutil.FlushOnce). What mkfs wrote, it flushed itself.
+	if err := s.putMeta(v, fsutil.FlushOnce); err != nil {
 		return err
 	}
 	crashPoint("create:ready")

@@ -88,6 +88,9 @@ func (s *Store) Expand(ctx context.Context, ref string, newSize int64, opts Expa
 		crashPoint("expand:recorded")
 		target := max(newSize, v.SizeBytes)
 		err = sizeBacking(fd, target, v.Preallocate)
+		if err == nil {
+			err = unix.Fsync(fd) // the size, before a device or filesystem relies on it
+		}
 		if err != nil {
 			return s.fileNotGrown(v, fmt.Errorf("expand %s: %w", v.Name, err))
 		}

@@ -296,7 +296,12 @@ func (s *Store) flock(name string, how int) (func(), error) {
 // A crash leaves either the old or the new metadata, never a torn file.
 // The caller holds v's lock or the store lock; removeStaleTemps relies on
 // it.
-func (s *Store) writeMeta(v *Volume) error {
+func (s *Store) writeMeta(v *Volume) error { return s.putMeta(v, fsutil.FlushAll) }
+
+// putMeta is writeMeta with the flush the caller chooses (see
+// fsutil.Flush): Create's records of a volume nobody was told of yet
+// need not survive a power cut one by one, only the last one does.
+func (s *Store) putMeta(v *Volume, flush fsutil.Flush) error {
 	stored := *v
 	stored.Problem = "" // found anew by every reader
 	data, err := json.MarshalIndent(&stored, "", "  ")
@@ -304,7 +309,7 @@ func (s *Store) writeMeta(v *Volume) error {
 		return fmt.Errorf("write metadata of %s: %w", v.Name, err)
 	}
 	data = append(data, '\n')
-	if err := fsutil.WriteFileAtomic(s.metaPath(v.UUID), data, 0o600); err != nil {
+	if err := fsutil.ReplaceFile(s.metaPath(v.UUID), data, 0o600, flush); err != nil {
 		return fmt.Errorf("write metadata of %s: %w", v.Name, err)
 	}
 	return nil
