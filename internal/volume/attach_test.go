@@ -8,6 +8,7 @@ import (
 
 	"github.com/sparsevol/sparsevol/internal/loop"
 	"github.com/sparsevol/sparsevol/internal/testutil"
+	"golang.org/x/sys/unix"
 )
 
 // TestAttachDetachWhateverTheLink: attach and detach read the device the
@@ -87,5 +88,36 @@ func TestAttachDetachWhateverTheLink(t *testing.T) {
 				t.Fatalf("second detach: %v", err)
 			}
 		})
+	}
+}
+
+// TestCreateRawRecordsIdentity: a whole-device raw volume, made without a
+// device, records its backing file's identity as any other, so that
+// attach and detach find its device by it.
+func TestCreateRawRecordsIdentity(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, Options{})
+	v := mustCreate(t, s, CreateRequest{Name: "raw", SizeBytes: 4 << 20, Mode: ModeBlock, NoPartition: true})
+	t.Cleanup(func() { os.Remove(linkPath(v.UUID)) })
+	var st unix.Stat_t
+	if err := unix.Stat(v.BackingFile, &st); err != nil {
+		t.Fatal(err)
+	}
+	read, err := s.readMeta(v.UUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (loop.FileID{Dev: st.Dev, Inode: st.Ino}); read.backingID() != want || read.State != StateReady {
+		t.Fatalf("recorded %+v in state %s, want %+v ready", read.backingID(), read.State, want)
+	}
+	if st, err := s.Status(v.UUID); err != nil || st.Attached || st.FileSizeBytes != 4<<20 {
+		t.Fatalf("after create: %+v, %v; want detached, 4 MiB", st, err)
+	}
+	att, err := s.Attach(ctx, v.UUID)
+	if err != nil || att.DataDeviceBytes != 4<<20 {
+		t.Fatalf("attach: %+v, %v", att, err)
+	}
+	if err := s.Detach(v.UUID, DetachOptions{}); err != nil {
+		t.Fatal(err)
 	}
 }

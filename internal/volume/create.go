@@ -314,37 +314,20 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) (err er
 		}
 	}()
 	crashPoint("create:reserved")
+	bare := false
 	if req.source != nil {
 		err = s.fillFromSource(ctx, v, req)
 	} else {
-		err = s.makeBacking(v)
+		bare, err = s.makeBacking(v, !req.KeepAttached)
 	}
 	if err != nil {
 		return err
 	}
 	crashPoint("create:file")
-	dev, _, err := s.attachDevice(v)
-	if err != nil {
-		return err
-	}
-	v.noteBackingID(dev.Backing)
-	crashPoint("create:attached")
-	if req.source != nil {
-		err = s.finishCopy(ctx, v, dev, req.source)
-	} else {
-		err = s.format(ctx, v, dev)
-	}
-	if err != nil {
-		return err
-	}
-	if err := s.CheckFilesystem(ctx, v, dev.Path); err != nil {
-		return fmt.Errorf("format %s: mkfs did not make the volume's own filesystem: %w", v.Name, err)
-	}
-	if loop.UdevRunning() {
-		// Have udev probe the new filesystem or partition table now; the
-		// stable link is waited for below (and by the unit).
-		if err := loop.NotifyChange(dev.Path); err != nil {
-			s.log.Warn("udev change event", "volume", v.Name, "error", err)
+	var dev *loop.Device
+	if !bare {
+		if dev, err = s.attachFormatted(ctx, v, req); err != nil {
+			return err
 		}
 	}
 	crashPoint("create:formatted")
@@ -375,22 +358,72 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) (err er
 		}
 		return s.finishAttach(ctx, v, dev)
 	}
+	if bare {
+		return nil // never attached
+	}
 	return s.detachDevices(v, nil, DetachOptions{})
 }
 
 // makeBacking makes v's backing file, a hole of its size (allocated for
-// a thick volume).
-func (s *Store) makeBacking(v *Volume) error {
-	fd, _, err := s.createBacking(v.UUID)
+// a thick volume). bare says the volume needs no device to be finished:
+// a whole-device raw volume holds nothing create writes, so where
+// detached is allowed (the caller keeps it attached otherwise) and
+// nothing holds its file (a crashed create's device or a foreign one,
+// which attachDevice deals with), its file's identity is recorded and no
+// device is bound.
+func (s *Store) makeBacking(v *Volume, detached bool) (bare bool, err error) {
+	fd, id, err := s.createBacking(v.UUID)
 	if err != nil {
-		return err
+		return false, err
 	}
-	err = sizeBacking(fd, v.SizeBytes, v.Preallocate)
-	unix.Close(fd)
+	defer unix.Close(fd)
+	if err := sizeBacking(fd, v.SizeBytes, v.Preallocate); err != nil {
+		return false, fmt.Errorf("%s: %w", v.BackingFile, err)
+	}
+	if detached && !formatted(v) && s.unshared(v, fd) {
+		v.noteBackingID(id)
+		return true, nil
+	}
+	return false, nil
+}
+
+// attachFormatted attaches v and writes what create writes onto its
+// device (a filesystem or partition table, or gives a copy v's identity
+// where req has a source), proven afterwards (CheckFilesystem).
+func (s *Store) attachFormatted(ctx context.Context, v *Volume, req CreateRequest) (*loop.Device, error) {
+	dev, _, err := s.attachDevice(v)
 	if err != nil {
-		return fmt.Errorf("%s: %w", v.BackingFile, err)
+		return nil, err
 	}
-	return nil
+	v.noteBackingID(dev.Backing)
+	crashPoint("create:attached")
+	if req.source != nil {
+		err = s.finishCopy(ctx, v, dev, req.source)
+	} else {
+		err = s.format(ctx, v, dev)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := s.CheckFilesystem(ctx, v, dev.Path); err != nil {
+		return nil, fmt.Errorf("format %s: mkfs did not make the volume's own filesystem: %w", v.Name, err)
+	}
+	if loop.UdevRunning() {
+		// Have udev probe the new filesystem or partition table now; the
+		// stable link is waited for below (and by the unit).
+		if err := loop.NotifyChange(dev.Path); err != nil {
+			s.log.Warn("udev change event", "volume", v.Name, "error", err)
+		}
+	}
+	return dev, nil
+}
+
+// formatted reports whether create writes anything onto v's device: a
+// filesystem or a partition table (everything but a whole-device raw
+// volume).
+func formatted(v *Volume) bool {
+	prog, _ := mkfsCommand(v, "")
+	return prog != ""
 }
 
 // rollback undoes a create that failed before its unit was enabled: it
