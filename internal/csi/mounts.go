@@ -1,6 +1,7 @@
 package csi
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -161,4 +162,26 @@ func (d *Driver) unmountOwned(path string, uses usesOf) (unmounted int, foreign 
 		unmounted++
 	}
 	return unmounted, nil, fmt.Errorf("unmount %s: still mounted after 8 unmounts", path)
+}
+
+// bindMount binds source (a device node or a directory) at target, and
+// read-only if readOnly: the two mount(2) calls mount(8) makes for
+// `mount -o bind[,ro]` (a bind, then a remount of it with the options),
+// without a process for each.
+func bindMount(source, target string, readOnly bool) error {
+	if err := unix.Mount(source, target, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s at %s: %w", source, target, err)
+	}
+	flags := uintptr(unix.MS_REMOUNT | unix.MS_BIND)
+	if readOnly {
+		flags |= unix.MS_RDONLY
+	}
+	if err := unix.Mount(source, target, "", flags, ""); err != nil {
+		// Half done is not done: no writable bind is left behind.
+		if uerr := unix.Unmount(target, 0); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("undo the bind: %w", uerr))
+		}
+		return fmt.Errorf("remount the bind of %s at %s: %w", source, target, err)
+	}
+	return nil
 }

@@ -58,10 +58,6 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	} else if mp {
 		return nil, status.Errorf(codes.AlreadyExists, "target path %s holds a mount of something else than volume %s", target, id)
 	}
-	opts := []string{"bind"}
-	if req.GetReadonly() {
-		opts = append(opts, "ro")
-	}
 	source := staging
 	if v.Mode == volume.ModeBlock {
 		source = st.DataDevice
@@ -76,8 +72,8 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	} else if err := os.MkdirAll(target, 0o750); err != nil {
 		return nil, status.Errorf(codes.Internal, "volume %s: create target path: %v", id, err)
 	}
-	if err := d.mounter.Mount(source, target, "", opts); err != nil {
-		return nil, status.Errorf(codes.Internal, "volume %s: bind %s at %s: %v", id, source, target, err)
+	if err := bindMount(source, target, req.GetReadonly()); err != nil {
+		return nil, status.Errorf(codes.Internal, "volume %s: %v", id, err)
 	}
 	d.log.Info("volume published", "volume_id", id, "name", v.Name, "target_path", target, "readonly", req.GetReadonly())
 	return &csi.NodePublishVolumeResponse{}, nil
