@@ -44,7 +44,7 @@ func main() {
 	flag.StringVar(&c.fileSize, "fio-size", "512M", "fio file size")
 	flag.IntVar(&c.volumes, "volumes", 1000, "volumes for the attach/detach rows")
 	flag.IntVar(&c.creates, "creates", 10, "creates per filesystem for the latency median")
-	flag.StringVar(&c.steps, "steps", "fio,attach,create,space,snapshot", "steps to run, comma separated")
+	flag.StringVar(&c.steps, "steps", "fio,attach,create,space,snapshot,csi", "steps to run, comma separated")
 	flag.Parse()
 	log.SetFlags(0)
 	if os.Geteuid() != 0 {
@@ -84,11 +84,12 @@ func measure(c *config) int {
 		{"create", runCreate},
 		{"space", runSpace},
 		{"snapshot", runSnapshot},
+		{"csi", runCSI},
 	}
 	wanted := strings.Split(c.steps, ",")
 	for _, name := range wanted {
 		if !slices.ContainsFunc(steps, func(s step) bool { return s.name == name }) {
-			log.Printf("report: unknown step %q (steps: fio, attach, create, space, snapshot)", name)
+			log.Printf("report: unknown step %q (steps: fio, attach, create, space, snapshot, csi)", name)
 			return 2
 		}
 	}
