@@ -532,7 +532,9 @@ func (c *kase) foreignLoop(file string, offset, sizelimit uint64, readOnly bool,
 		c.t.Fatal(err)
 	}
 	defer unix.Close(ctl)
-	for range 50 {
+	// Other processes on the host (parallel tests, a bench) race for free
+	// devices too: retry until a deadline rather than a count.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
 		n, err := unix.IoctlRetInt(ctl, unix.LOOP_CTL_GET_FREE)
 		if err != nil {
 			c.t.Fatalf("LOOP_CTL_GET_FREE: %v", err)
@@ -555,7 +557,7 @@ func (c *kase) foreignLoop(file string, offset, sizelimit uint64, readOnly bool,
 		}
 		return dev
 	}
-	c.t.Fatal("no free loop device for the foreign binding")
+	c.t.Fatal("no free loop device for the foreign binding within 10 s")
 	return ""
 }
 
