@@ -197,6 +197,12 @@ func WriteArchive(w io.Writer, busybox []byte, applets []string, images []Image)
 		return err
 	}
 
+	return writeLayout(w, blobs, index)
+}
+
+// writeLayout writes an OCI image layout (oci-layout, blobs, index.json)
+// as a tar stream.
+func writeLayout(w io.Writer, blobs []blob, index []byte) error {
 	tw := tar.NewWriter(w)
 	file := func(name string, data []byte) error {
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(data)), ModTime: epoch}); err != nil {
@@ -227,4 +233,81 @@ func WriteArchive(w io.Writer, busybox []byte, applets []string, images []Image)
 		return err
 	}
 	return tw.Close()
+}
+
+// Binary is an image of one static program and nothing else (a CSI
+// sidecar built from its Go module): /Path is its entrypoint.
+type Binary struct {
+	Name string // full reference, e.g. localhost/csi-provisioner:v6.4.0
+	Path string // in the image, e.g. csi-provisioner
+	Data []byte
+}
+
+// WriteBinaries writes an OCI image layout as a tar stream holding one
+// single-layer image per program (the program and an empty /tmp).
+func WriteBinaries(w io.Writer, images []Binary) error {
+	if len(images) == 0 {
+		return errors.New("oci: no images")
+	}
+	var blobs []blob
+	var manifests []Descriptor
+	for _, img := range images {
+		if img.Name == "" || !strings.Contains(img.Name, ":") || img.Path == "" || strings.Contains(img.Path, "/") || len(img.Data) == 0 {
+			return fmt.Errorf("oci: image %q of %q: want a tagged name, a file name and the program", img.Name, img.Path)
+		}
+		var tarBuf bytes.Buffer
+		tw := tar.NewWriter(&tarBuf)
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "tmp/", Mode: 0o1777, ModTime: epoch, Format: tar.FormatPAX}); err != nil {
+			return err
+		}
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: img.Path, Mode: 0o755, Size: int64(len(img.Data)), ModTime: epoch, Format: tar.FormatPAX}); err != nil {
+			return err
+		}
+		if _, err := tw.Write(img.Data); err != nil {
+			return err
+		}
+		if err := tw.Close(); err != nil {
+			return err
+		}
+		sum := sha256.Sum256(tarBuf.Bytes())
+		var gz bytes.Buffer
+		zw := gzip.NewWriter(&gz)
+		zw.ModTime = epoch
+		if _, err := zw.Write(tarBuf.Bytes()); err != nil {
+			return err
+		}
+		if err := zw.Close(); err != nil {
+			return err
+		}
+		layer := newBlob(MediaTypeLayer, gz.Bytes())
+		cfgData, err := json.Marshal(map[string]any{
+			"created": epoch.Format(time.RFC3339), "architecture": "amd64", "os": "linux",
+			"config":  map[string]any{"Entrypoint": []string{"/" + img.Path}, "WorkingDir": "/"},
+			"rootfs":  map[string]any{"type": "layers", "diff_ids": []string{"sha256:" + hex.EncodeToString(sum[:])}},
+			"history": []map[string]any{{"created": epoch.Format(time.RFC3339), "created_by": "sparsevol test/k8s/oci"}},
+		})
+		if err != nil {
+			return err
+		}
+		config := newBlob(MediaTypeConfig, cfgData)
+		manData, err := json.Marshal(map[string]any{
+			"schemaVersion": 2, "mediaType": MediaTypeManifest, "config": config.desc, "layers": []Descriptor{layer.desc},
+		})
+		if err != nil {
+			return err
+		}
+		manifest := newBlob(MediaTypeManifest, manData)
+		blobs = append(blobs, layer, config, manifest)
+		d := manifest.desc
+		d.Annotations = map[string]string{
+			AnnotationImageName: img.Name,
+			annotationRefName:   img.Name[strings.LastIndex(img.Name, ":")+1:],
+		}
+		manifests = append(manifests, d)
+	}
+	index, err := json.Marshal(map[string]any{"schemaVersion": 2, "mediaType": MediaTypeIndex, "manifests": manifests})
+	if err != nil {
+		return err
+	}
+	return writeLayout(w, blobs, index)
 }

@@ -145,3 +145,56 @@ func TestRejectsBadInput(t *testing.T) {
 		t.Error("no images accepted")
 	}
 }
+
+// A program image: one layer with the program (and /tmp), its entrypoint,
+// the name containerd imports it under; bad input is refused.
+func TestBinaries(t *testing.T) {
+	prog := []byte("\x7fELF fake csi-provisioner")
+	var buf bytes.Buffer
+	if err := WriteBinaries(&buf, []Binary{{Name: "localhost/csi-provisioner:v6.4.0", Path: "csi-provisioner", Data: prog}}); err != nil {
+		t.Fatal(err)
+	}
+	files := readTar(t, &buf)
+	var index struct {
+		Manifests []Descriptor `json:"manifests"`
+	}
+	if err := json.Unmarshal(files["index.json"], &index); err != nil || len(index.Manifests) != 1 {
+		t.Fatalf("index %s: %v", files["index.json"], err)
+	}
+	if got := index.Manifests[0].Annotations[AnnotationImageName]; got != "localhost/csi-provisioner:v6.4.0" {
+		t.Errorf("image name %q", got)
+	}
+	blob := func(d Descriptor) []byte {
+		t.Helper()
+		b := files["blobs/sha256/"+strings.TrimPrefix(d.Digest, "sha256:")]
+		if digest(b) != d.Digest {
+			t.Fatalf("blob %s missing or wrong", d.Digest)
+		}
+		return b
+	}
+	var man struct {
+		Config Descriptor   `json:"config"`
+		Layers []Descriptor `json:"layers"`
+	}
+	if err := json.Unmarshal(blob(index.Manifests[0]), &man); err != nil || len(man.Layers) != 1 {
+		t.Fatalf("manifest: %v", err)
+	}
+	var cfg struct {
+		Config struct{ Entrypoint []string } `json:"config"`
+	}
+	if err := json.Unmarshal(blob(man.Config), &cfg); err != nil || strings.Join(cfg.Config.Entrypoint, " ") != "/csi-provisioner" {
+		t.Errorf("entrypoint %v (%v)", cfg.Config.Entrypoint, err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(blob(man.Layers[0])))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if layer := readTar(t, zr); !bytes.Equal(layer["csi-provisioner"], prog) {
+		t.Error("the program is not in the layer")
+	}
+	for _, bad := range []Binary{{Name: "untagged", Path: "p", Data: prog}, {Name: "a:1", Path: "a/b", Data: prog}, {Name: "a:1", Path: "p"}} {
+		if err := WriteBinaries(io.Discard, []Binary{bad}); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}
