@@ -241,7 +241,7 @@ func (r *run) provisionScale(t *testing.T) (set *scaleSet, err error) {
 			for attempt := 1; ; attempt++ {
 				out.Reset()
 				errOut.Reset()
-				cmd := exec.Command("chroot", mnt, "/usr/local/bin/sparsevol", "-v", "create", name,
+				cmd := exec.Command("chroot", mnt, "/usr/bin/sparsevol", "-v", "create", name,
 					"--size", r.cfg.scaleSize, "--no-start")
 				cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "SYSTEMD_OFFLINE=1", "LC_ALL=C"}
 				cmd.Stdout = &out

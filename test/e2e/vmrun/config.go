@@ -1,7 +1,7 @@
 // Package vmrun is the VM harness of the end-to-end suites (test/vm,
 // test/k8s): a Debian base image built once and cached by its inputs,
 // image layers on top of it, a private copy per run with this checkout
-// installed by `make install DESTDIR=...`, and boots of that copy under
+// installed from its .deb (dpkg -i), and boots of that copy under
 // qemu (software emulation) with a hard reset, a timeout and the console
 // captured. In the guest a driver runs the steps a suite's plan names;
 // steps record facts, and the suite's Go checks decide pass or fail from
@@ -63,7 +63,7 @@ type Config struct {
 	MemMiB      int           // guest memory (MEM)
 	CPUs        int           // guest CPUs (CPUS)
 	BootTimeout time.Duration // one boot; 0: 4 min plus the steps' limits (BOOT_TIMEOUT, seconds)
-	Repo        string        // repository root, where `make install` runs
+	Repo        string        // repository root, where `make packages` runs
 }
 
 // LoadConfig reads the settings; memMiB is the suite's default guest size.

@@ -37,7 +37,8 @@ type Suite struct {
 	// sees them under /e2e/suite/.
 	Guest fs.FS
 	Disks []Disk
-	// Install runs `make install DESTDIR=<root image>` from this checkout.
+	// Install installs this checkout as a node would: its .deb (make
+	// packages), with dpkg -i in a chroot of the root image.
 	Install bool
 	// Prepare writes the suite's own files into the mounted root image.
 	Prepare func(t testing.TB, root string) error
@@ -59,6 +60,7 @@ type Run struct {
 	Share   string            // exported to the guest as /e2e
 	Results map[string]*Result
 	Order   []string // boots in the order they ran
+	Deb     string   // the .deb installed into the image (Suite.Install)
 }
 
 // NewRun prepares a run: the run directory, the share with the guest
@@ -153,11 +155,10 @@ func (r *Run) WithRoot(chroot bool, fn func(root string) error) (err error) {
 	return fn(filepath.Join(r.Dir, "mnt"))
 }
 
-// prepareRoot installs what a user would install (`make install
-// DESTDIR=...` from this checkout), the boot hook of the driver and the
-// suite's files.
+// prepareRoot installs what a user would install (this checkout's .deb),
+// the boot hook of the driver and the suite's files.
 func (r *Run) prepareRoot(t testing.TB) error {
-	return r.WithRoot(false, func(mnt string) error {
+	return r.WithRoot(r.Suite.Install, func(mnt string) error {
 		if r.Suite.Install {
 			if err := r.install(t, mnt); err != nil {
 				return err
@@ -181,19 +182,25 @@ func (r *Run) prepareRoot(t testing.TB) error {
 
 func (r *Run) install(t testing.TB, mnt string) error {
 	t0 := time.Now()
-	var out bytes.Buffer
-	cmd := exec.Command("make", "-C", r.Cfg.Repo, "install", "DESTDIR="+mnt)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("make install DESTDIR=%s: %v\n%s", mnt, err, Tail(out.String(), 40))
+	deb, err := BuildDeb(r.Cfg.Repo, filepath.Join(r.Dir, "packages"), "")
+	if err != nil {
+		return err
 	}
-	os.WriteFile(filepath.Join(r.Dir, "make-install.log"), out.Bytes(), 0o644)
-	for _, f := range []string{"usr/local/bin/sparsevol", "etc/systemd/system/sparsevol@.service"} {
+	Logf(t, "run: make packages: %s", time.Since(t0).Round(100*time.Millisecond))
+	t0 = time.Now()
+	var out bytes.Buffer
+	err = InstallDeb(mnt, deb, &out)
+	os.WriteFile(filepath.Join(r.Dir, "dpkg-install.log"), out.Bytes(), 0o644)
+	if err != nil {
+		return err
+	}
+	for _, f := range []string{"usr/bin/sparsevol", "usr/lib/systemd/system/sparsevol@.service"} {
 		if _, err := os.Stat(filepath.Join(mnt, f)); err != nil {
-			return fmt.Errorf("make install did not install %s: %v\n%s", f, err, Tail(out.String(), 40))
+			return fmt.Errorf("dpkg -i %s did not install %s: %v\n%s", filepath.Base(deb), f, err, Tail(out.String(), 40))
 		}
 	}
-	Logf(t, "run: make install DESTDIR=<image>: %s", time.Since(t0).Round(100*time.Millisecond))
+	Logf(t, "run: dpkg -i %s in the image: %s", filepath.Base(deb), time.Since(t0).Round(100*time.Millisecond))
+	r.Deb = deb
 	return nil
 }
 
