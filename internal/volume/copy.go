@@ -28,16 +28,13 @@ const copyChunk = 64 << 20
 // copyFile makes the open, empty file dst a copy of the first size bytes
 // of the open file src: FICLONE where the filesystem shares extents, else
 // a sparse copy that reads and writes only the source's data ranges and
-// never writes a hole. dst ends with size bytes and is fsynced. progress,
-// if set, is called with the bytes of the source covered so far. The
-// caller owns both fds.
+// never writes a hole. dst ends with size bytes; nothing is flushed (see
+// flushCopy). progress, if set, is called with the bytes of the source
+// covered so far. The caller owns both fds.
 func copyFile(ctx context.Context, dst, src int, size int64, progress func(done, total int64)) (CopyMethod, error) {
 	err := unix.IoctlFileClone(dst, src)
 	switch {
 	case err == nil:
-		if err := unix.Fsync(dst); err != nil {
-			return "", fmt.Errorf("fsync clone: %w", err)
-		}
 		if progress != nil {
 			progress(size, size)
 		}
@@ -51,6 +48,24 @@ func copyFile(ctx context.Context, dst, src int, size int64, progress func(done,
 	return CopySparse, nil
 }
 
+// flushCopy makes the copy in fd, made by method, durable before a record
+// names it. Copied data is fsynced. A clone is metadata only: on XFS,
+// whose log commits in order, the flush of the record that follows
+// (fsutil.FlushOnce) makes it durable too, so it is not flushed on its
+// own; elsewhere (btrfs logs per inode) it is fsynced.
+func flushCopy(fd int, method CopyMethod) error {
+	if method == CopyReflink {
+		var st unix.Statfs_t
+		if err := unix.Fstatfs(fd, &st); err == nil && st.Type == unix.XFS_SUPER_MAGIC {
+			return nil
+		}
+	}
+	if err := unix.Fsync(fd); err != nil {
+		return fmt.Errorf("flush the copy: %w", err)
+	}
+	return nil
+}
+
 // cloneUnsupported reports the errors FICLONE gives where the files
 // cannot share extents (other filesystem, no reflink, no such ioctl).
 func cloneUnsupported(err error) bool {
@@ -59,7 +74,7 @@ func cloneUnsupported(err error) bool {
 }
 
 // sparseCopy copies the data ranges of src below size to the same offsets
-// of dst, sets dst's size and fsyncs it.
+// of dst and sets dst's size.
 func sparseCopy(ctx context.Context, dst, src int, size int64, progress func(done, total int64)) error {
 	err := eachDataRange(src, size, func(start, end int64) error {
 		for off := start; off < end; {
@@ -82,9 +97,6 @@ func sparseCopy(ctx context.Context, dst, src int, size int64, progress func(don
 	}
 	if err := unix.Ftruncate(dst, size); err != nil {
 		return fmt.Errorf("size copy to %d: %w", size, err)
-	}
-	if err := unix.Fsync(dst); err != nil {
-		return fmt.Errorf("fsync copy: %w", err)
 	}
 	if progress != nil {
 		progress(size, size)

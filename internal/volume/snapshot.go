@@ -120,7 +120,11 @@ func (s *Store) snapDirFD() (int, error) {
 	return fd, nil
 }
 
-func (s *Store) writeSnapMeta(sn *Snapshot) error {
+// writeSnapMeta replaces sn's metadata atomically, flushing as flush says
+// (fsutil.Flush): nothing for the creating record (nobody is told of the
+// snapshot before its ready record), once for the ready record (with it
+// what the copy wrote, see flushCopy), fully otherwise.
+func (s *Store) writeSnapMeta(sn *Snapshot, flush fsutil.Flush) error {
 	stored := *sn
 	stored.ReadyToUse, stored.AllocatedBytes, stored.OwnBytes, stored.Problem = false, 0, 0, ""
 	data, err := json.MarshalIndent(&stored, "", "  ")
@@ -128,7 +132,7 @@ func (s *Store) writeSnapMeta(sn *Snapshot) error {
 		return fmt.Errorf("write metadata of snapshot %s: %w", sn.Name, err)
 	}
 	data = append(data, '\n')
-	if err := fsutil.WriteFileAtomic(s.snapMetaPath(sn.UUID), data, 0o600); err != nil {
+	if err := fsutil.ReplaceFile(s.snapMetaPath(sn.UUID), data, 0o600, flush); err != nil {
 		return fmt.Errorf("write metadata of snapshot %s: %w", sn.Name, err)
 	}
 	return nil
@@ -426,7 +430,7 @@ func (s *Store) snapshotVolumes(ctx context.Context, vols []*Volume, names []str
 	for _, i := range todo {
 		sns[i].State = StateReady
 		sns[i].ReadyToUse = true
-		if err := s.writeSnapMeta(sns[i]); err != nil {
+		if err := s.writeSnapMeta(sns[i], fsutil.FlushOnce); err != nil {
 			return nil, err
 		}
 		s.log.Info("snapshot created", "snapshot", sns[i].Name, "uuid", sns[i].UUID, "volume", vols[i].Name,
@@ -485,7 +489,7 @@ func (s *Store) reserveSnapshot(v *Volume, name string, opts SnapshotOptions) (*
 		BlockSize: v.BlockSize, Group: opts.group, State: StateCreating,
 		CreatedAt: time.Now().UTC().Truncate(time.Second), Labels: maps.Clone(opts.Labels),
 	}
-	if err := s.writeSnapMeta(sn); err != nil {
+	if err := s.writeSnapMeta(sn, fsutil.FlushNone); err != nil {
 		return nil, err
 	}
 	return sn, nil
@@ -514,11 +518,14 @@ func (s *Store) copyIntoSnapshot(ctx context.Context, sn *Snapshot, src int, pro
 		return "", fmt.Errorf("stat source of snapshot %s: %w", sn.Name, err)
 	}
 	method, err := copyFile(ctx, dst, src, st.Size, progress)
+	if err == nil {
+		err = flushCopy(dst, method)
+	}
 	if err != nil {
 		return "", fmt.Errorf("copy into %s: %w", s.snapPath(sn.UUID), err)
 	}
-	// The file's directory entry is made durable by the fsync of the
-	// directory that writing the ready metadata next to it ends with.
+	// The file's name (and a clone on XFS) become durable with the ready
+	// record's flush (FlushOnce), which follows.
 	return method, nil
 }
 
@@ -577,7 +584,7 @@ func (s *Store) DeleteSnapshot(ctx context.Context, ref string) error {
 		}
 		if sn.State != StateDeleting {
 			sn.State = StateDeleting
-			if err := s.writeSnapMeta(sn); err != nil {
+			if err := s.writeSnapMeta(sn, fsutil.FlushAll); err != nil {
 				return err
 			}
 		}
