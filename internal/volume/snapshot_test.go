@@ -479,9 +479,10 @@ func TestSnapshotFileRules(t *testing.T) {
 
 // TestSnapshotFreezeBounded: a freeze that outlasts the freeze timeout is
 // ended (the filesystem thawed) and the snapshot fails with ErrBusy,
-// leaving no snapshot behind.
+// leaving no snapshot behind. The copy (its progress callback) waits
+// until the timer has thawed the filesystem, so it always outlasts it.
 func TestSnapshotFreezeBounded(t *testing.T) {
-	s := newStore(t, Options{FreezeTimeout: time.Nanosecond})
+	s := newStore(t, Options{FreezeTimeout: 10 * time.Millisecond})
 	ctx := context.Background()
 	v := mustCreate(t, s, CreateRequest{Name: "v", SizeBytes: 64 << 20, KeepAttached: true})
 	st, err := s.Status(v.Name)
@@ -489,7 +490,8 @@ func TestSnapshotFreezeBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := mountTemp(t, st.DataDevice, v.FSType)
-	if _, err := s.CreateSnapshot(ctx, v.Name, "s", SnapshotOptions{}); !errors.Is(err, ErrBusy) {
+	waitThawed := func(int64, int64) { assertThawed(t, dir) }
+	if _, err := s.CreateSnapshot(ctx, v.Name, "s", SnapshotOptions{Progress: waitThawed}); !errors.Is(err, ErrBusy) {
 		t.Fatalf("snapshot with a freeze beyond its bound: %v, want ErrBusy", err)
 	}
 	assertThawed(t, dir)
