@@ -19,25 +19,27 @@ import (
 // privately and with nouuid (the source may be mounted), to replay its
 // log, since xfs_admin refuses a dirty log.
 func (s *Store) newIdentity(ctx context.Context, v *Volume, device string) error {
-	var prog string
-	var args []string
+	var err error
 	switch {
 	case v.FSType == "ext4":
-		if err := s.fsckCopy(ctx, v, device); err != nil {
-			return err
+		if err = s.fsckCopy(ctx, device); err == nil {
+			_, err = s.run.run(ctx, "tune2fs", "-U", v.UUID, device)
 		}
-		prog, args = "tune2fs", []string{"-U", v.UUID, device}
 	case v.FSType == "xfs":
-		if err := s.tempMount(v, device, "nouuid", func(string) error { return nil }); err != nil {
-			return fmt.Errorf("new identity for %s: replay the log: %w", v.Name, err)
+		err = s.tempMount(v, device, "nouuid", func(string) error { return nil })
+		if err != nil {
+			err = fmt.Errorf("replay the log: %w", err)
+		} else {
+			// What `xfs_admin -U` runs: xfs_admin is a shell script, and
+			// the plugin's image carries no shell scripts.
+			_, err = s.run.run(ctx, "xfs_db", "-x", "-p", "xfs_admin", "-c", "uuid "+v.UUID, device)
 		}
-		prog, args = "xfs_admin", []string{"-U", v.UUID, device}
 	case v.Partitioned:
-		prog, args = "sgdisk", []string{"--partition-guid=1:" + v.UUID, "--disk-guid=R", device}
+		_, err = s.run.run(ctx, "sgdisk", "--partition-guid=1:"+v.UUID, "--disk-guid=R", device)
 	default:
 		return nil // a whole-device raw volume has no identity
 	}
-	if _, err := s.run.run(ctx, prog, args...); err != nil {
+	if err != nil {
 		return fmt.Errorf("new identity for %s: %w", v.Name, err)
 	}
 	return s.checkIdentity(ctx, v, device)
@@ -46,15 +48,15 @@ func (s *Store) newIdentity(ctx context.Context, v *Volume, device string) error
 // fsckCopy checks (and repairs: journal replay) the ext4 copy at path.
 // Exit status 1 means errors were corrected, which a crash-consistent copy
 // may need.
-func (s *Store) fsckCopy(ctx context.Context, v *Volume, path string) error {
+func (s *Store) fsckCopy(ctx context.Context, path string) error {
 	if _, err := s.run.run(ctx, "e2fsck", "-f", "-p", path); err != nil && exitCode(err) != 1 {
-		return fmt.Errorf("check the copy for %s: %w", v.Name, err)
+		return err
 	}
 	return nil
 }
 
 // checkIdentity proves the copy at path (a device or file) now carries
-// v's identity; xfs_admin, for one, exits 0 when it refused.
+// v's identity; xfs_admin (xfs_db), for one, exits 0 when it refused.
 func (s *Store) checkIdentity(ctx context.Context, v *Volume, path string) error {
 	if v.Mode == ModeFilesystem {
 		found, err := s.probe(ctx, path)
