@@ -33,6 +33,7 @@ var packages = []string{
 	"libc6", "libblkid1", "libuuid1", "libmount1", "libsmartcols1", "libfdisk1",
 	"libext2fs2", "libcom-err2", "libselinux1", "libpcre2-8-0", "libinih1", "liburcu8",
 	"libstdc++6", "libgcc-s1", "libpopt0", "libtinfo6", "libreadline8",
+	"libedit2", "libbsd0", "libmd0", // xfs_db's
 }
 
 // tools are what the plugin executes (internal/volume, and k8s.io/mount-utils
@@ -46,6 +47,9 @@ var tools = []string{
 	// A snapshot's thaw guard (internal/volume/freeze.go): sh -c '...
 	// fsfreeze --unfreeze'.
 	"usr/bin/sh", "usr/sbin/fsfreeze",
+	// A restored or cloned volume's new identity (internal/volume/
+	// identity.go: tune2fs -U, and xfs_db as xfs_admin -U runs it).
+	"usr/sbin/tune2fs", "usr/sbin/xfs_db",
 	"etc/mke2fs.conf",
 }
 
