@@ -71,9 +71,18 @@ func (s *Store) Statuses() ([]*Status, error) {
 	}
 	mounts := loop.ReadMountTable() // once, not per volume
 	out := make([]*Status, 0, len(vols))
+	// Only where something can share extents: FIEMAP of every backing
+	// file would cost a store of many volumes for nothing.
+	sharing := anyCopied(vols)
+	if !sharing {
+		uuids, _ := s.snapshotUUIDs()
+		sharing = len(uuids) > 0
+	}
 	for i, v := range vols {
 		st := s.statusFound(v, idsOf[i], bound, mounts)
-		st.SharedBytes = s.sharedBytes(v.UUID)
+		if sharing {
+			st.SharedBytes = s.sharedBytes(v.UUID)
+		}
 		out = append(out, st)
 	}
 	return out, nil
