@@ -122,6 +122,12 @@ func newStatusCommand(g *globals) *cobra.Command {
 			row("Mode", modeLabel(st))
 			row("Filesystem", dash(st.FSType))
 			row("Backing file", st.BackingFile)
+			switch {
+			case st.FromSnapshot != "":
+				row("Made from", "snapshot "+st.FromSnapshot)
+			case st.ClonedFrom != "":
+				row("Made from", "volume "+st.ClonedFrom+" (clone)")
+			}
 			row("Attached", strconv.FormatBool(st.Attached))
 			row("Device", dash(st.Device))
 			row("Data device", dash(st.DataDevice))
