@@ -51,6 +51,7 @@ var timeline = vmrun.Timeline{
 		"b3-after-clean-reboot", // checks after a clean reboot; ends in a hard reset
 		"b4-after-hard-reset",   // checks after it; clears the store for the scale set
 		"b5-scale",              // the scale set, created offline before it
+		"b6-seed-scale",         // the same files, brought up by the seed's own units
 	},
 	Every: []vmrun.Step{collect},
 }
@@ -392,6 +393,15 @@ func newView(res *vmrun.Result) *bootView {
 
 func (b *bootView) kubeletStart() (time.Duration, bool) {
 	return vmrun.Monotonic(b.Facts["kubelet.ExecMainStartTimestampMonotonic"])
+}
+
+// kubeletDelay is how long after systemd took over kubelet started. The
+// kernel and initrd before it do not depend on volumes, but their time
+// moves with the host's load; boot costs compare this.
+func (b *bootView) kubeletDelay() (time.Duration, bool) {
+	k, ok := b.kubeletStart()
+	u, ok2 := vmrun.Monotonic(b.Facts["manager.UserspaceTimestampMonotonic"])
+	return k - u, ok && ok2
 }
 
 // journal returns the journal lines of the unit of volume uuid in this boot.
