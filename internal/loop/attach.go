@@ -109,7 +109,7 @@ func bindNumber(n int, backing int, want FileID, opts AttachOptions) (*Device, e
 	}
 	open := openDevice
 	if opts.QuietUdev {
-		open = quietOpen
+		open = openUnwatched
 	}
 	fd, err := open(n, mode)
 	if err != nil {
@@ -233,9 +233,6 @@ func openUnwatched(n int, flags int) (int, error) {
 	}
 	return fd, nil
 }
-
-// quietOpen is how a QuietUdev attach opens the device it binds.
-var quietOpen = openUnwatched
 
 // privateNodePrefix names openUnwatched's short-lived nodes.
 const privateNodePrefix = "/dev/.sparsevol-bind-loop"

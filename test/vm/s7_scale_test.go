@@ -244,8 +244,8 @@ WantedBy=multi-user.target
 
 // seedBaseline turns the image, between two boots, from sparsevol's scale
 // set into the seed's design over the same files: sparsevol's units are
-// disabled (so nothing of sparsevol runs at boot; r.disabled keeps their
-// links) and one seed unit per volume is enabled.
+// disabled (so nothing of sparsevol runs at boot) and one seed unit per
+// volume is enabled.
 func (r *run) seedBaseline(t *testing.T) error {
 	set := r.scaleSet(t)
 	if set == nil {
@@ -257,16 +257,10 @@ func (r *run) seedBaseline(t *testing.T) error {
 		if err != nil {
 			return err
 		}
-		r.disabled = map[string]string{}
 		for _, l := range links {
-			target, err := os.Readlink(l)
-			if err != nil {
-				return err
-			}
 			if err := os.Remove(l); err != nil {
 				return err
 			}
-			r.disabled[l] = target
 		}
 		if err := vmrun.WriteFile(filepath.Join(units, "seed-volume@.service"), []byte(seedUnit), 0o644); err != nil {
 			return err

@@ -52,7 +52,6 @@ var timeline = vmrun.Timeline{
 		"b4-after-hard-reset",   // checks after it; clears the store for the scale set
 		"b5-scale",              // the scale set, created offline before it
 		"b6-seed-scale",         // the same files, brought up by the seed's own units
-		"b7-scale-untracked",    // sparsevol again, its devices not tracked by PID 1
 	},
 	Every: []vmrun.Step{collect},
 }
@@ -130,7 +129,6 @@ type run struct {
 	figures  []string
 	scale    *scaleSet
 	scaleErr error
-	disabled map[string]string // unit links seedBaseline removed: link -> target
 }
 
 func TestReboot(t *testing.T) {
