@@ -210,8 +210,10 @@ func configure(fd int, backing int, opts AttachOptions, directIO bool) error {
 // synthesized "change" event, a full second probe of the device; binding
 // already sends its own "change", and twice the udev work per bound device
 // is what bringing many volumes up at boot waits for. Where the node cannot
-// be made (no CAP_MKNOD), /dev/loopN is opened as before. Callers hold the
-// /dev/loop-control lock, which makes the node's name theirs.
+// be made (no CAP_MKNOD), /dev/loopN is opened as before. udev's own lock
+// protocol (LOCK_EX on /dev/loopN while binding) does not avoid the second
+// probe: the holder's close is the watched event (docs/design.md). Callers
+// hold the /dev/loop-control lock, which makes the node's name theirs.
 func openUnwatched(n int, flags int) (int, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(devicePath(n), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFBLK {
