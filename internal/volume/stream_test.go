@@ -46,3 +46,24 @@ func TestReadStream(t *testing.T) {
 		}
 	}
 }
+
+// TestAllZero: chunks of zeroes are told from chunks with any other byte,
+// wherever it is, also beyond the comparison buffer's length.
+func TestAllZero(t *testing.T) {
+	for _, n := range []int{0, 1, 4096, len(zeros), len(zeros) + 1, 3*len(zeros) + 7} {
+		b := make([]byte, n)
+		if !allZero(b) {
+			t.Errorf("%d zero bytes: not all zero", n)
+		}
+		for _, i := range []int{0, n / 2, n - 1} {
+			if n == 0 {
+				continue
+			}
+			b[i] = 1
+			if allZero(b) {
+				t.Errorf("%d bytes with byte %d set: all zero", n, i)
+			}
+			b[i] = 0
+		}
+	}
+}
