@@ -202,10 +202,10 @@ const PVStorageClass = "sparsevol-local"
 func newPVCommand(g *globals) *cobra.Command {
 	var storageClass, node, name string
 	cmd := &cobra.Command{
-		Use:     "pv VOLUME [--storage-class SC] [--node NODE]",
+		Use: "pv VOLUME [--storage-class SC] [--node NODE]",
 		Example: `  sparsevol pv data > data-pv.yaml && kubectl apply -f data-pv.yaml
   sparsevol pv data --storage-class local --name data-on-node1`,
-		Short:   "Print a local PersistentVolume for a volume (node mode, static PVs)",
+		Short: "Print a local PersistentVolume for a volume (node mode, static PVs)",
 		Long: `Print a 'local' PersistentVolume whose path is the volume's stable path
 (/dev/disk/by-uuid/<uuid>, /dev/disk/by-partuuid/<uuid>, or /dev/sparsevol/<uuid>
 for whole raw volumes), pinned to this node with nodeAffinity.`,
