@@ -7,6 +7,7 @@ STORE    ?= /var/lib/sparsevol
 DESTDIR  ?=
 # sudo resets PATH; find Go where the official tarball puts it.
 GO       ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+GOFMT    ?= $(dir $(GO))gofmt
 GOFLAGS  ?= -trimpath
 TEST_TIMEOUT ?= 30m
 # The version stamped into the binary, its manual pages and the packages:
@@ -36,6 +37,8 @@ man: build
 	rm -rf bin/man && bin/sparsevol man --dir bin/man
 
 vet:
+	@unformatted=$$($(GOFMT) -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$unformatted" ]; then echo "not gofmt-formatted (run gofmt -w):"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags crashtest ./...
 	$(GO) -C tools/packages vet ./...
