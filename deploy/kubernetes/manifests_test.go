@@ -210,7 +210,7 @@ func TestManifests(t *testing.T) {
 			{"", "events", "create"}, {"", "nodes", "get"}, {"storage.k8s.io", "csinodes", "watch"},
 			{"storage.k8s.io", "storageclasses", "watch"}, {"storage.k8s.io", "volumeattributesclasses", "watch"},
 			// csi-snapshotter, and csi-provisioner restoring a snapshot
-			{"snapshot.storage.k8s.io", "volumesnapshots", "get"}, {"snapshot.storage.k8s.io", "volumesnapshotclasses", "watch"},
+			{"snapshot.storage.k8s.io", "volumesnapshots", "get"}, {"snapshot.storage.k8s.io", "volumesnapshots", "update"}, {"snapshot.storage.k8s.io", "volumesnapshotclasses", "watch"},
 			{"snapshot.storage.k8s.io", "volumesnapshotcontents", "watch"}, {"snapshot.storage.k8s.io", "volumesnapshotcontents", "update"},
 			{"snapshot.storage.k8s.io", "volumesnapshotcontents/status", "patch"},
 			{"groupsnapshot.storage.k8s.io", "volumegroupsnapshotclasses", "watch"},
