@@ -39,6 +39,9 @@ func TestMain(m *testing.M) {
 	if binPath != "" && binErr == nil {
 		os.RemoveAll(filepath.Dir(binPath))
 	}
+	if sharedPath != "" {
+		os.RemoveAll(filepath.Dir(sharedPath))
+	}
 	os.Exit(code)
 }
 
