@@ -12,7 +12,6 @@ import (
 	"embed"
 	"fmt"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -65,27 +64,42 @@ func (r *run) step(t *testing.T, step string) (*vmrun.Result, bool) {
 	return res, vmrun.NeedStep(t, res, step)
 }
 
-// cluster: the cluster comes up (every boot): apiserver, node Ready, the
-// plugin registered with kubelet (CSINode lists the driver), objects of
-// the test.
+// cluster: the cluster comes up (every boot): apiserver, node Ready; in
+// the first boot the plugin is installed as shipped (kubectl apply -k of
+// test/k8s's overlay of deploy/kubernetes); in every boot its DaemonSet pod
+// runs and registers with kubelet (CSINode lists the driver).
 var cluster = vmrun.Step{Name: "cluster", Timeout: long, Script: `
 	retry 600 k get --raw /readyz || die "apiserver not ready"
 	fact apiserver_ready_uptime "$(up)"
 	retry 600 node_ready || { k describe node "$NODE"; die "node not Ready"; }
 	fact node_ready_uptime "$(up)"
-	# Native registration: kubelet lists the driver in CSINode.
-	if retry 180 sh -c "kubectl get csinode $NODE -o jsonpath='{.spec.drivers[*].name}' | grep -qw $DRIVER"; then
+	# The snapshot CRDs (external-snapshotter's): the kustomization's
+	# snapshot classes need them.
+	k apply --server-side -f "$LIB/crd/" >/dev/null || die "apply snapshot CRDs"
+	k wait --for condition=established --timeout=120s crd/volumesnapshotclasses.snapshot.storage.k8s.io crd/volumegroupsnapshotclasses.groupsnapshot.storage.k8s.io >/dev/null || die "snapshot CRDs not established"
+	if k -n "$PLUGIN_NS" get ds sparsevol-csi >/dev/null 2>&1; then
+		fact applied no
+	else
+		k apply -k "$OVERLAY" || die "kubectl apply -k the overlay"
+		fact applied yes
+	fi
+	if wait_plugin 600; then
 		fact csinode_registered_uptime "$(up)"
 		fact plugin_registered yes
 		k get csinode "$NODE" -o jsonpath='{.spec.drivers}'; echo
 	else
-		journalctl -b --no-pager -u sparsevol-csi | tail -n 30
+		k -n "$PLUGIN_NS" get pods -o wide
+		k -n "$PLUGIN_NS" describe pod -l "$PLUGIN_SELECTOR" | tail -n 30
+		plugin_log sparsevol 40
 		journalctl -b --no-pager -u kubelet | grep -i plugin | tail -n 20
 		fact plugin_registered no
 	fi
+	# The plugin's pod started during this boot: it came back by itself.
+	fact plugin_pod_this_boot "$(yesno pod_ready_this_boot "$(plugin_pod)" "$PLUGIN_NS")"
+	fact plugin_image "$(k -n "$PLUGIN_NS" get ds sparsevol-csi -o jsonpath='{.spec.template.spec.containers[0].image}')"
+	fact plugin_containers "$(k -n "$PLUGIN_NS" get ds sparsevol-csi -o jsonpath='{.spec.template.spec.containers[*].name}')"
+	fact plugin_healthz "$(curl -fsS --max-time 10 "http://$(k -n "$PLUGIN_NS" get pod "$(plugin_pod)" -o jsonpath='{.status.podIP}'):9809/healthz" 2>&1)"
 	fact node_labels "$(k get node "$NODE" -o jsonpath='{.metadata.labels}')"
-	# The project's own CSIDriver and StorageClasses (deploy/kubernetes).
-	k apply -f "$DEPLOY/csidriver.yaml" -f "$DEPLOY/storageclasses.yaml" || die "apply deploy/kubernetes manifests"
 	k apply -f - <<'YAML' || die "apply test objects"
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
@@ -97,15 +111,24 @@ YAML
 	retry 120 k get serviceaccount default || die "no default service account"
 `}
 
-// Scenario 0: the cluster came up and the plugin registered in every boot
-// that ran.
+// Scenario 0: the cluster came up and the plugin, installed once with
+// kubectl apply -k, runs as the DaemonSet's pod (the shipped containers
+// less csi-resizer), registered and healthy in every boot that ran; after
+// a reboot its pod is back by itself (started this boot, not re-applied).
 var _ = scenarios.Add(vmrun.Scenario[*run]{
 	ID: "0-cluster",
 	Check: func(t *testing.T, r *run) {
-		for _, name := range r.Order {
-			if b := r.Results[name]; vmrun.NeedStep(t, b, "cluster") {
-				vmrun.Expect(t, b, "cluster", "plugin_registered", "yes")
+		for i, name := range r.Order {
+			b := r.Results[name]
+			if !vmrun.NeedStep(t, b, "cluster") {
+				continue
 			}
+			applied := "no"
+			if i == 0 {
+				applied = "yes"
+			}
+			vmrun.Expect(t, b, "cluster", "applied", applied, "plugin_registered", "yes", "plugin_pod_this_boot", "yes",
+				"plugin_containers", "sparsevol csi-provisioner csi-snapshotter", "plugin_healthz", "ok")
 		}
 	},
 })
@@ -142,7 +165,7 @@ func TestKubernetes(t *testing.T) {
 		fig("binaries: built in %s", res.Elapsed.Round(time.Second))
 	}
 	// 3. This run's root disk, its boots, then each scenario's verdict.
-	r := &run{Run: vmrun.NewRun(t, cfg, img, suite(cfg, res)), figures: figures}
+	r := &run{Run: vmrun.NewRun(t, cfg, img, suite(cfg, res, goCmd)), figures: figures}
 	defer r.Close(t)
 	vmrun.Play(t, r, plan, selected, func(spec vmrun.BootSpec) *vmrun.Result {
 		b := r.Boot(t, spec)
@@ -162,7 +185,7 @@ func TestKubernetes(t *testing.T) {
 // suite is what test/k8s adds to a run: sparsevol and the node (binaries,
 // PKI, configuration, images, units) installed, and the journals of the
 // node's services saved at the end of every boot, the plugin's first.
-func suite(cfg vmrun.Config, bin bins.Result) vmrun.Suite {
+func suite(cfg vmrun.Config, bin bins.Result, goCmd string) vmrun.Suite {
 	return vmrun.Suite{
 		Name:    "k8s",
 		Guest:   guestFiles,
@@ -171,26 +194,15 @@ func suite(cfg vmrun.Config, bin bins.Result) vmrun.Suite {
 			if err := installNode(root, bin); err != nil {
 				return err
 			}
-			// The project's own CSIDriver, StorageClasses and snapshot
-			// classes.
-			for _, m := range []string{"csidriver.yaml", "storageclasses.yaml", "snapshotclass.yaml"} {
-				if err := vmrun.CopyFile(cfg.Repo+"/deploy/kubernetes/"+m, root+"/"+libDir+"/deploy/"+m, 0o644); err != nil {
-					return err
-				}
-			}
-			// The snapshot CRDs, from external-snapshotter's client module.
-			crds, err := bin.Files("crd")
-			if err != nil {
+			// The plugin as shipped: its images, the kustomization.
+			start := time.Now()
+			if err := installPlugin(root, cfg.Repo, goCmd); err != nil {
 				return err
 			}
-			for _, c := range crds {
-				if err := vmrun.CopyFile(c, filepath.Join(root, libDir, "crd", filepath.Base(c)), 0o644); err != nil {
-					return err
-				}
-			}
+			vmrun.Logf(t, "plugin images built in %s", time.Since(start).Round(time.Second))
 			return nil
 		},
-		Journals: []string{"sparsevol-csi", "csi-provisioner", "csi-snapshotter", "snapshot-controller", "kubelet", "containerd", "kube-apiserver",
+		Journals: []string{"snapshot-controller", "kubelet", "containerd", "kube-apiserver",
 			"kube-controller-manager", "kube-scheduler", "etcd", "k8s-images", "k8s-net", "sparsevol@*"},
 	}
 }

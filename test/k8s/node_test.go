@@ -36,8 +36,7 @@ const (
 // The node's services, installed and enabled in every run's root image.
 var nodeUnits = []string{
 	"k8s-net.service", "etcd.service", "kube-apiserver.service", "kube-controller-manager.service",
-	"kube-scheduler.service", "k8s-images.service", "kubelet.service", "sparsevol-csi.service",
-	"csi-provisioner.service", "snapshot-controller.service", "csi-snapshotter.service",
+	"kube-scheduler.service", "k8s-images.service", "kubelet.service", "snapshot-controller.service",
 }
 
 // installNode writes into the mounted root image everything that makes it a
@@ -174,7 +173,84 @@ imageGCLowThresholdPercent: 99
 	}); err != nil {
 		return err
 	}
-	return vmrun.WriteFile(filepath.Join(mnt, libDir, "images.tar"), archive.Bytes(), 0o644)
+	if err := vmrun.WriteFile(filepath.Join(mnt, libDir, "images.tar"), archive.Bytes(), 0o644); err != nil {
+		return err
+	}
+	// The sidecars the DaemonSet runs, as images of their binaries.
+	var sidecars []oci.Binary
+	for _, s := range []struct{ name, version string }{
+		{"csi-provisioner", bins.ProvisionerVersion}, {"csi-snapshotter", bins.SnapshotterVersion},
+	} {
+		data, err := os.ReadFile(bin.Path(s.name))
+		if err != nil {
+			return err
+		}
+		sidecars = append(sidecars, oci.Binary{Name: "localhost/" + s.name + ":" + s.version, Path: s.name, Data: data})
+	}
+	archive.Reset()
+	if err := oci.WriteBinaries(&archive, sidecars); err != nil {
+		return err
+	}
+	if err := vmrun.WriteFile(filepath.Join(mnt, libDir, "images/sidecars.tar"), archive.Bytes(), 0o644); err != nil {
+		return err
+	}
+	// The snapshot CRDs: the kustomization's snapshot classes need them.
+	crds, err := bin.Files("crd")
+	if err != nil {
+		return err
+	}
+	for _, f := range crds {
+		if err := vmrun.CopyFile(f, filepath.Join(mnt, libDir, "crd", filepath.Base(f)), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Plugin images: localhost/sparsevol:1 and :2, two builds of this checkout
+// with the version strings pluginVersions (the second is the upgrade's).
+var pluginVersions = []string{"e2e-1", "e2e-2"}
+
+// installPlugin builds the plugin images as `make image` does (a static
+// build, then tools/image) and installs what `kubectl apply -k` takes:
+// deploy/kubernetes as the base and test/k8s's overlay (guest/overlay),
+// which points the images at the ones built here.
+func installPlugin(mnt, repo, goCmd string) error {
+	work, err := os.MkdirTemp("", "sparsevol-k8s-images")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	for i, v := range pluginVersions {
+		bin := filepath.Join(work, "sparsevol-"+v)
+		build := exec.Command(goCmd, "build", "-trimpath", "-o", bin,
+			"-ldflags", "-s -w -X github.com/sparsevol/sparsevol/internal/cli.version="+v, "./cmd/sparsevol")
+		build.Dir = repo
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			return fmt.Errorf("build sparsevol %s: %w: %s", v, err, out)
+		}
+		tar := filepath.Join(mnt, libDir, "images", fmt.Sprintf("sparsevol-%d.tar", i+1))
+		if err := os.MkdirAll(filepath.Dir(tar), 0o755); err != nil {
+			return err
+		}
+		img := exec.Command(goCmd, "-C", filepath.Join(repo, "tools/image"), "run", ".",
+			"-bin", bin, "-name", fmt.Sprintf("localhost/sparsevol:%d", i+1), "-out", tar)
+		if out, err := img.CombinedOutput(); err != nil {
+			return fmt.Errorf("plugin image %s: %w: %s", v, err, out)
+		}
+	}
+	base, err := filepath.Glob(filepath.Join(repo, "deploy/kubernetes/*.yaml"))
+	if err != nil || len(base) == 0 {
+		return fmt.Errorf("deploy/kubernetes: no manifests (%v)", err)
+	}
+	for _, f := range base {
+		if err := vmrun.CopyFile(f, filepath.Join(mnt, libDir, "deploy/base", filepath.Base(f)), 0o644); err != nil {
+			return err
+		}
+	}
+	return vmrun.InstallFiles(guestFiles, mnt,
+		vmrun.File{Src: "guest/overlay/kustomization.yaml", Dst: filepath.Join(libDir, "deploy/overlay/kustomization.yaml"), Mode: 0o644})
 }
 
 // busyboxApplets lists the applets of a static busybox (it runs on the host

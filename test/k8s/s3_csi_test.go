@@ -8,43 +8,41 @@ import (
 	"github.com/sparsevol/sparsevol/test/e2e/vmrun"
 )
 
-// Scenario 3: CSI mode. Dynamically provisioned volumes
-// (WaitForFirstConsumer), one filesystem and one block, through
+// Scenario 3: CSI mode, the plugin as the DaemonSet's pod. Dynamically
+// provisioned volumes (WaitForFirstConsumer): ext4, XFS and block, through
 // deploy/kubernetes' StorageClasses; their pods are back after the reboot
-// with their data. Scenario 3b grows the filesystem one.
+// with their data. Scenario 3b grows the ext4 one.
 var (
 	s3Setup = vmrun.Step{Name: "s3-setup", Timeout: short, Script: `
-	# The StorageClass of deploy/kubernetes for a mode.
-	sc_of() { [ "$1" = block ] && echo sparsevol-block || echo sparsevol-ext4; }
 	local mode token
-	for mode in fs block; do
-		pvc_manifest "csi-$mode" "$(sc_of "$mode")" 64Mi "$mode" | k apply -f - || die "apply pvc csi-$mode"
+	for mode in fs xfs block; do
+		pvc_manifest "csi-$mode" "$(sc_of "$mode")" "$(size_of "$mode")" "$(kind_of "$mode")" | k apply -f - || die "apply pvc csi-$mode"
 		token=$(new_token)
 		echo "$token" >"$STATE/token-csi-$mode"
-		pod_manifest "pod-csi-$mode" "csi-$mode" "$mode" "$token" | k apply -f - || die "apply pod-csi-$mode"
+		pod_manifest "pod-csi-$mode" "csi-$mode" "$(kind_of "$mode")" "$token" | k apply -f - || die "apply pod-csi-$mode"
 	done
-	for mode in fs block; do
+	for mode in fs xfs block; do
 		if ! wait_pod_ready "pod-csi-$mode" 300; then
 			fact "${mode}_ready" no
 			continue
 		fi
 		fact "${mode}_ready" yes
 		fact "${mode}_ready_uptime" "$(up)"
-		fact "${mode}_data" "$(same_token "pod-csi-$mode" "$mode" "$(cat "$STATE/token-csi-$mode")")"
+		fact "${mode}_data" "$(same_token "pod-csi-$mode" "$(kind_of "$mode")" "$(cat "$STATE/token-csi-$mode")")"
 		fact "${mode}_volume" "$(k get pv "$(k get pvc "csi-$mode" -o jsonpath='{.spec.volumeName}')" -o jsonpath='{.spec.csi.volumeHandle}')"
 	done
 	sparsevol list
 `}
 	s3Check = vmrun.Step{Name: "s3-check", Timeout: short, Script: `
 	local mode
-	for mode in fs block; do
+	for mode in fs xfs block; do
 		if ! wait_pod_ready "pod-csi-$mode" 600; then
 			fact "${mode}_ready" no
 			continue
 		fi
 		fact "${mode}_ready" yes
 		fact "${mode}_ready_uptime" "$(uptime_at "$(k get pod "pod-csi-$mode" -o jsonpath='{.status.conditions[?(@.type=="Ready")].lastTransitionTime}')")"
-		fact "${mode}_data" "$(found_same_token "pod-csi-$mode" "$mode" "$(cat "$STATE/token-csi-$mode")")"
+		fact "${mode}_data" "$(found_same_token "pod-csi-$mode" "$(kind_of "$mode")" "$(cat "$STATE/token-csi-$mode")")"
 	done
 `}
 )
@@ -58,11 +56,12 @@ var _ = scenarios.Add(vmrun.Scenario[*run]{
 		if !ok1 || !ok2 {
 			return
 		}
-		vmrun.Expect(t, b1, "s3-setup", "fs_ready", "yes", "fs_data", "same", "block_ready", "yes", "block_data", "same")
-		if vmrun.Expect(t, b2, "s3-check", "fs_ready", "yes", "fs_data", "same", "block_ready", "yes", "block_data", "same") {
+		all := []string{"fs_ready", "yes", "fs_data", "same", "xfs_ready", "yes", "xfs_data", "same", "block_ready", "yes", "block_data", "same"}
+		vmrun.Expect(t, b1, "s3-setup", all...)
+		if vmrun.Expect(t, b2, "s3-check", all...) {
 			f := b2.Step("s3-check").Facts
-			r.fig("scenario 3 (CSI): filesystem pod Ready %ss after boot (data %s), block pod Ready %ss (data %s)",
-				f["fs_ready_uptime"], f["fs_data"], f["block_ready_uptime"], f["block_data"])
+			r.fig("scenario 3 (CSI, plugin pod): ext4 pod Ready %ss after boot (data %s), XFS %ss (%s), block %ss (%s)",
+				f["fs_ready_uptime"], f["fs_data"], f["xfs_ready_uptime"], f["xfs_data"], f["block_ready_uptime"], f["block_data"])
 		}
 	},
 })

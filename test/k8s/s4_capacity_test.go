@@ -8,7 +8,8 @@ import (
 	"github.com/sparsevol/sparsevol/test/e2e/vmrun"
 )
 
-// Scenario 4: capacity. CSIStorageCapacity for the node and the class; a
+// Scenario 4: capacity. CSIStorageCapacity for the node and the class,
+// published by the plugin pod's provisioner; a
 // claim larger than the node can give stays Pending, with a clear event,
 // and nothing is created on disk.
 var _ = scenarios.Add(vmrun.Scenario[*run]{
@@ -25,6 +26,9 @@ var _ = scenarios.Add(vmrun.Scenario[*run]{
 	fact capacity_objects "${n:-0}"
 	fact capacity "$(k get csistoragecapacities -A -o json | jq -r '[.items[] | select(.storageClassName=="sparsevol-ext4")][0].capacity')"
 	fact capacity_topology "$(k get csistoragecapacities -A -o json | jq -c '[.items[] | select(.storageClassName=="sparsevol-ext4")][0].nodeTopology')"
+	# Published by the pod's provisioner: owned by its DaemonSet
+	# (--capacity-ownerref-level=1), in the plugin's namespace.
+	fact capacity_owner "$(k get csistoragecapacities -A -o json | jq -r '[.items[] | select(.storageClassName=="sparsevol-ext4")][0] | "\(.metadata.namespace)/\(.metadata.ownerReferences[0].kind)/\(.metadata.ownerReferences[0].name)"')"
 	files_before=$(ls -A /var/lib/sparsevol | sort | tr '\n' ' ')
 	pvc_manifest csi-huge sparsevol-ext4 100Ti fs | k apply -f - || die "apply pvc"
 	pod_manifest pod-huge csi-huge fs "$(new_token)" | k apply -f - || die "apply pod"
@@ -54,7 +58,8 @@ var _ = scenarios.Add(vmrun.Scenario[*run]{
 		if f["capacity_objects"] == "" || f["capacity_objects"] == "0" {
 			vmrun.Expect(t, b1, "s4-capacity", "capacity_objects", "1 or more")
 		}
-		if vmrun.Expect(t, b1, "s4-capacity", "event_found", "yes", "pvc_phase", "Pending", "store_unchanged", "yes") {
+		if vmrun.Expect(t, b1, "s4-capacity", "capacity_owner", "sparsevol/DaemonSet/sparsevol-csi",
+			"event_found", "yes", "pvc_phase", "Pending", "store_unchanged", "yes") {
 			r.fig("scenario 4 (capacity): %s CSIStorageCapacity object(s), capacity %s, topology %s; 100Ti claim %s, pod %s: %q; store unchanged: %s",
 				f["capacity_objects"], f["capacity"], f["capacity_topology"], f["pvc_phase"], f["pod_phase"], f["event"], f["store_unchanged"])
 		}

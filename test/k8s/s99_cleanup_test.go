@@ -29,7 +29,7 @@ var _ = scenarios.Add(vmrun.Scenario[*run]{
 		sleep 1
 	done
 	fact pvs_left "${left:-none}"
-	[ -z "$left" ] || { k get pv -o wide; journalctl -b --no-pager -u csi-provisioner | tail -n 20; }
+	[ -z "$left" ] || { k get pv -o wide; plugin_log csi-provisioner 20; }
 	echo "---- losetup"; losetup -l -n
 	echo "---- store"; ls -la /var/lib/sparsevol
 	echo "---- units"; systemctl list-units --all --no-legend --plain 'sparsevol@*'; ls /etc/systemd/system/multi-user.target.wants/ | grep sparsevol || true

@@ -4,7 +4,11 @@
 export KUBECONFIG=/etc/kubernetes/admin.kubeconfig
 NODE=$(hostname)
 DRIVER=sparsevol.csi.io
-DEPLOY=/usr/local/lib/sparsevol-k8s/deploy # deploy/kubernetes of this checkout
+LIB=/usr/local/lib/sparsevol-k8s
+OVERLAY=$LIB/deploy/overlay # test/k8s's overlay of deploy/kubernetes (../base)
+DEPLOY=$LIB/deploy/base     # deploy/kubernetes of this checkout, as shipped
+PLUGIN_NS=sparsevol
+PLUGIN_SELECTOR=app.kubernetes.io/component=csi-plugin
 
 k() { kubectl "$@"; }
 boot_epoch() { date -d "$(uptime -s)" +%s; }
@@ -20,11 +24,11 @@ node_ready() {
 	[ "$(k get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
 }
 
-# pod_ready_this_boot POD: Ready, and its container started during this boot.
+# pod_ready_this_boot POD [NAMESPACE]: Ready, and its container started during this boot.
 pod_ready_this_boot() {
 	local ready started
-	ready=$(k get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)
-	started=$(k get pod "$1" -o jsonpath='{.status.containerStatuses[0].state.running.startedAt}' 2>/dev/null)
+	ready=$(k ${2:+-n "$2"} get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)
+	started=$(k ${2:+-n "$2"} get pod "$1" -o jsonpath='{.status.containerStatuses[0].state.running.startedAt}' 2>/dev/null)
 	[ "$ready" = True ] && [ -n "$started" ] && [ "$(date -d "$started" +%s)" -ge "$(boot_epoch)" ]
 }
 
@@ -40,7 +44,7 @@ debug_pod() {
 		k get events --field-selector involvedObject.name="$claim" -o custom-columns=TYPE:.type,REASON:.reason,FROM:.source.component,MESSAGE:.message 2>&1 | tail -n 10
 	done
 	echo "---- plugin log (sparsevol-csi, last 40 lines)"
-	journalctl -b --no-pager -u sparsevol-csi -n 40 2>&1
+	plugin_log sparsevol 40
 	echo "---- kubelet log about volumes (last 20 lines)"
 	journalctl -b --no-pager -u kubelet 2>&1 | grep -iE 'volume|mount|csi' | tail -n 20
 }
@@ -241,8 +245,47 @@ debug_snapshot() {
 	k get node "$NODE" -o jsonpath='{.metadata.labels}'; echo
 	echo "---- snapshot-controller (last 30 lines)"
 	journalctl -b --no-pager -u snapshot-controller -n 30 2>&1
-	echo "---- csi-snapshotter (last 30 lines)"
-	journalctl -b --no-pager -u csi-snapshotter -n 30 2>&1
+	plugin_log csi-snapshotter 30
 	echo "---- plugin (last 20 lines)"
-	journalctl -b --no-pager -u sparsevol-csi -n 20 2>&1
+	plugin_log sparsevol 20
 }
+# plugin_pod: the name of the plugin's pod (the DaemonSet's, one node).
+plugin_pod() {
+	k -n "$PLUGIN_NS" get pod -l "$PLUGIN_SELECTOR" -o jsonpath='{.items[0].metadata.name}' 2>/dev/null
+}
+
+# plugin_log CONTAINER LINES: the last lines of a container of the plugin's
+# pod (the plugin is "sparsevol"; the sidecars by their names).
+plugin_log() {
+	echo "---- $1 log ($(plugin_pod), last $2 lines)"
+	k -n "$PLUGIN_NS" logs "$(plugin_pod)" -c "$1" --tail "$2" 2>&1
+}
+
+# plugin_ready_this_boot [OLD]: the plugin's pod (another than OLD) is
+# Ready and started during this boot.
+plugin_ready_this_boot() {
+	local pod
+	pod=$(plugin_pod)
+	[ -n "$pod" ] && [ "$pod" != "${1:-}" ] && pod_ready_this_boot "$pod" "$PLUGIN_NS"
+}
+
+# wait_plugin SECONDS [OLD]: the DaemonSet rolled out, its pod (another
+# than OLD) Ready and started this boot, and kubelet lists the driver in
+# CSINode.
+wait_plugin() {
+	k -n "$PLUGIN_NS" rollout status ds/sparsevol-csi --timeout="$1s" >/dev/null &&
+		retry "$1" plugin_ready_this_boot "${2:-}" &&
+		retry "$1" sh -c "kubectl get csinode $NODE -o jsonpath='{.spec.drivers[*].name}' | grep -qw $DRIVER"
+}
+
+# plugin_metrics: the plugin pod's /metrics (its own HTTP server).
+plugin_metrics() {
+	curl -fsS --max-time 10 "http://$(k -n "$PLUGIN_NS" get pod "$(plugin_pod)" -o jsonpath='{.status.podIP}'):9809/metrics"
+}
+
+# The CSI volumes of the scenarios by mode: fs (ext4), xfs, block. sc_of
+# is deploy/kubernetes' StorageClass, kind_of the pod's use (fs or block),
+# size_of the claim (XFS needs 300 MiB at least).
+sc_of() { case $1 in block) echo sparsevol-block ;; xfs) echo sparsevol-xfs ;; *) echo sparsevol-ext4 ;; esac; }
+kind_of() { [ "$1" = block ] && echo block || echo fs; }
+size_of() { [ "$1" = xfs ] && echo 320Mi || echo 64Mi; }
