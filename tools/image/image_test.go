@@ -392,7 +392,7 @@ func mustRead(t *testing.T, path string) []byte {
 func TestToolsCoverExecs(t *testing.T) {
 	// Node mode only: the plugin never manages systemd units.
 	notInPlugin := map[string]bool{"systemctl": true}
-	call := regexp.MustCompile(`(?:\.run\(ctx, |prog = |exec\.Command(?:Context)?\((?:ctx, )?|LookPath\()"([a-zA-Z0-9_.-]+)"`)
+	call := regexp.MustCompile(`(?:\.run\(ctx, |prog(?:, \w+)* = |exec\.Command(?:Context)?\((?:ctx, )?|LookPath\()"([a-zA-Z0-9_.-]+)"`)
 	found := map[string]string{}
 	err := filepath.WalkDir("../../internal", func(p string, d os.DirEntry, err error) error {
 		if err != nil {
