@@ -3,9 +3,11 @@
 // image layers on top of it, a private copy per run with this checkout
 // installed from its .deb (dpkg -i), and boots of that copy under
 // qemu (software emulation) with a hard reset, a timeout and the console
-// captured. In the guest a driver runs the steps a suite's plan names;
-// steps record facts, and the suite's Go checks decide pass or fail from
-// them (see guest/lib.sh).
+// captured. A suite is a Timeline of boots and Scenarios, each in one
+// file: guest steps with their shell inline, placed in the boots, and a Go
+// check (scenario.go). In the guest a driver runs each boot's steps; steps
+// record facts, and the checks decide pass or fail from them (see
+// guest/lib.sh).
 //
 // Every setting is an environment variable with the one prefix
 // SPARSEVOL_E2E_ (see Env).
