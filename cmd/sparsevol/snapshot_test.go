@@ -27,12 +27,15 @@ func fsRoot(t *testing.T, fsType string) string {
 	return root
 }
 
-// sparsevolIn runs the CLI with stdin from in and extra environment.
+// sparsevolIn runs the CLI against store root with stdin from in (nil:
+// /dev/null) and extra environment.
 func sparsevolIn(t *testing.T, root string, in []byte, env []string, args ...string) result {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], append([]string{"--root", root}, args...)...)
 	cmd.Env = append(os.Environ(), append([]string{asCLI + "=1"}, env...)...)
-	cmd.Stdin = bytes.NewReader(in)
+	if in != nil {
+		cmd.Stdin = bytes.NewReader(in)
+	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -255,4 +258,17 @@ func TestDoctorKnowsSnapshots(t *testing.T) {
 		t.Errorf("doctor still reports the deleted snapshot:\n%s", r.stdout)
 	}
 	mustRun(t, root, "delete", "v")
+}
+
+// An empty store lists as a JSON array, not null, for every list command.
+func TestEmptyListsAreJSONArrays(t *testing.T) {
+	root := t.TempDir()
+	for _, args := range [][]string{
+		{"list", "-o", "json"},
+		{"snapshot", "list", "-o", "json"},
+	} {
+		if out := strings.TrimSpace(mustRun(t, root, args...)); out != "[]" {
+			t.Errorf("sparsevol %v on an empty store: %q, want []", args, out)
+		}
+	}
 }

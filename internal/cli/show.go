@@ -51,10 +51,7 @@ func newListCommand(g *globals) *cobra.Command {
 				return err
 			}
 			if out == "json" {
-				if sts == nil {
-					sts = []*volume.Status{}
-				}
-				return writeJSON(g.stdout, sts)
+				return writeJSONList(g.stdout, sts)
 			}
 			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "NAME\tUUID\tSIZE\tALLOCATED\tMODE\tFS\tSTATE\tDEVICE\tSTABLE PATH")
@@ -187,6 +184,14 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// writeJSONList writes a list as JSON; an empty list is `[]`, never `null`.
+func writeJSONList[T any](w io.Writer, list []T) error {
+	if list == nil {
+		list = []T{}
+	}
+	return writeJSON(w, list)
 }
 
 func writeJSON(w io.Writer, v any) error {

@@ -89,10 +89,7 @@ what deleting it gives back), how it was taken, and its state.`,
 				return err
 			}
 			if out == "json" {
-				if sns == nil {
-					sns = []*volume.Snapshot{}
-				}
-				return writeJSON(g.stdout, sns)
+				return writeJSONList(g.stdout, sns)
 			}
 			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "NAME\tUUID\tSOURCE\tSIZE\tHOLDS\tOWN\tTAKEN\tSTATE\tCREATED")

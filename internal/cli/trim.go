@@ -52,10 +52,7 @@ inside punched, so they stay fully allocated.`,
 				})
 			}
 			if out == "json" {
-				if results == nil {
-					results = []*volume.TrimResult{}
-				}
-				if werr := writeJSON(g.stdout, results); werr != nil {
+				if werr := writeJSONList(g.stdout, results); werr != nil {
 					return errors.Join(err, werr)
 				}
 				return err
