@@ -11,7 +11,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -43,21 +42,7 @@ type result struct {
 // sparsevol runs the CLI against store root with extra environment.
 func sparsevol(t *testing.T, root string, env []string, args ...string) result {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], append([]string{"--root", root}, args...)...)
-	cmd.Env = append(os.Environ(), append([]string{asCLI + "=1"}, env...)...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	r := result{stdout: stdout.String(), stderr: stderr.String()}
-	if ee, ok := err.(*exec.ExitError); ok {
-		r.code = ee.ExitCode()
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			r.signaled = true
-		}
-	} else if err != nil {
-		t.Fatalf("run sparsevol %v: %v", args, err)
-	}
-	return r
+	return sparsevolIn(t, root, nil, env, args...)
 }
 
 // concurrently runs procs CLI processes at once, the i-th with args(i),
