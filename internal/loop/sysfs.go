@@ -46,20 +46,36 @@ func openDevice(n int, flags int) (int, error) {
 }
 
 func mknodFromSysfs(n int) error {
-	b, err := os.ReadFile(fmt.Sprintf("/sys/block/loop%d/dev", n))
+	dev, err := sysfsDevT(n)
 	if err != nil {
 		return err
 	}
-	var major, minor uint32
-	if _, err := fmt.Sscanf(strings.TrimSpace(string(b)), "%d:%d", &major, &minor); err != nil {
-		return err
-	}
-	err = unix.Mknod(devicePath(n), unix.S_IFBLK|0o660, int(unix.Mkdev(major, minor)))
+	err = unix.Mknod(devicePath(n), unix.S_IFBLK|0o660, int(dev))
 	if errors.Is(err, unix.EEXIST) {
 		return nil
 	}
 	return err
 }
+
+// sysfsDevT is the device number the kernel gives loop device n
+// (/sys/block/loopN/dev), whatever node sits at /dev/loopN.
+func sysfsDevT(n int) (uint64, error) {
+	path := fmt.Sprintf("/sys/block/loop%d/dev", n)
+	s, ok := readSysString(path, make([]byte, 32))
+	if !ok {
+		return 0, fmt.Errorf("read %s: loop%d is gone", path, n)
+	}
+	var major, minor uint32
+	if _, err := fmt.Sscanf(s, "%d:%d", &major, &minor); err != nil {
+		return 0, fmt.Errorf("parse %s %q: %w", path, s, err)
+	}
+	return unix.Mkdev(major, minor), nil
+}
+
+// DevT returns the device number of d, from the kernel (sysfs) for the
+// loop device d.Number, not from a lookup of d.Path: the number names
+// the device the caller proved, even if the /dev node was replaced since.
+func (d *Device) DevT() (uint64, error) { return sysfsDevT(d.Number) }
 
 // Size returns the size in bytes the kernel sees for the block device at
 // path (/dev/loopN or a partition of it). It reads sysfs (in 512-byte

@@ -65,7 +65,7 @@ func (s *Store) applyLimits(v *Volume, dev *loop.Device) error {
 // applyLimitsOver is applyLimits knowing the cgroup's entries (nil: not
 // read), which spares a volume whose entry is right already any write.
 func (s *Store) applyLimitsOver(v *Volume, dev *loop.Device, entries map[uint64]IOLimits) error {
-	n, err := iolimit.DeviceNumber(dev.Path)
+	n, err := dev.DevT()
 	if err == nil && entries != nil && entries[n] == v.IOLimits {
 		return nil
 	}
@@ -84,7 +84,7 @@ func (s *Store) applyLimitsOver(v *Volume, dev *loop.Device, entries map[uint64]
 // removeLimits drops the io.max entry of a device of v just detached; a
 // failure is logged: the next attach of that device number converges it.
 func (s *Store) removeLimits(v *Volume, dev *loop.Device) {
-	n, err := iolimit.DeviceNumber(dev.Path)
+	n, err := dev.DevT()
 	if err == nil {
 		err = s.opts.IOLimits.Remove(n)
 	}
