@@ -79,28 +79,20 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	return &csi.NodePublishVolumeResponse{}, nil
 }
 
-// ensureStaged returns the volume's status, re-staging it first when its
-// device or staging mount is missing.
+// ensureStaged returns the volume's status, staging it again first when
+// its device or staging mount is missing: stage is idempotent, and looks
+// at the volume's own device only, whatever the number bound.
 func (d *Driver) ensureStaged(ctx context.Context, v *volume.Volume, c *csi.VolumeCapability, staging string) (*volume.Status, error) {
-	st, err := d.store.Status(v.UUID)
+	st, restaged, err := d.stage(ctx, v, c, staging)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
-	healthy := st.Attached && st.DataDevice != ""
-	if healthy && v.Mode == volume.ModeFilesystem {
-		uses, err := deviceUses(st.DataDevice)
-		if err != nil {
-			return nil, status.Errorf(codes.Internal, "volume %s: %v", v.UUID, err)
-		}
-		healthy = containsPath(uses.fsMounts, staging)
+	if restaged {
+		d.log.Warn("volume was not staged at publish (reboot or manual detach?); staged it again",
+			"volume_id", v.UUID, "name", v.Name, "staging_target_path", staging)
+		d.metrics.restaged()
 	}
-	if healthy {
-		return st, nil
-	}
-	d.log.Warn("volume not staged at publish (reboot or manual detach?); staging it again",
-		"volume_id", v.UUID, "name", v.Name, "attached", st.Attached, "staging_target_path", staging)
-	d.metrics.restaged()
-	return d.stage(ctx, v, c, staging)
+	return st, nil
 }
 
 // NodeUnpublishVolume unmounts the volume from the target path and removes

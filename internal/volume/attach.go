@@ -825,9 +825,11 @@ var ErrDeferred = loop.ErrDeferred
 // WithDevice attaches the volume if needed and runs fn under the volume's
 // lock with its device held open and proven to be the volume's: a device
 // number cannot be detached and rebound to another file while fn formats
-// or mounts it by path. If fn fails on a device this call attached, the
-// device is detached again: a refused operation leaves nothing behind.
-func (s *Store) WithDevice(ctx context.Context, ref string, fn func(st *Status) error) error {
+// or mounts it by path; fresh tells fn that this call bound the device.
+// If fn fails on a device this call attached, the device is detached
+// again: a refused operation leaves nothing behind. It costs the same
+// whatever the number of devices bound (attachDevice).
+func (s *Store) WithDevice(ctx context.Context, ref string, fn func(st *Status, fresh bool) error) error {
 	return s.withVolume(ref, func(v *Volume) error {
 		dev, fresh, err := s.attachLocked(ctx, v)
 		if err != nil {
@@ -840,7 +842,7 @@ func (s *Store) WithDevice(ctx context.Context, ref string, fn func(st *Status) 
 		if err != nil {
 			return fmt.Errorf("attach %s: %w", v.Name, err)
 		}
-		err = fn(s.status(v, []*loop.Device{dev}, nil))
+		err = fn(s.status(v, []*loop.Device{dev}, nil), fresh)
 		held.Close()
 		if err != nil && fresh {
 			s.undoAttach(v)
