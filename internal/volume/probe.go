@@ -43,8 +43,14 @@ func (s *Store) probe(ctx context.Context, path string) (Found, error) {
 // v.FSType and UUID v.UUID. Anything else (nothing, another filesystem,
 // another UUID) is ErrMismatch, naming what was found and how to look at
 // it; callers never format in answer to it. Only Create formats.
+//
+// The superblock is read in process first (superblockOf); what that does
+// not prove is the volume's own goes to blkid, whose answer decides.
 func (s *Store) CheckFilesystem(ctx context.Context, v *Volume, device string) error {
 	if v.Mode != ModeFilesystem {
+		return nil
+	}
+	if superblockOf(device, v.FSType) == (Found{Type: v.FSType, UUID: v.UUID}) {
 		return nil
 	}
 	found, err := s.probe(ctx, device)
