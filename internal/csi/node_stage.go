@@ -85,7 +85,7 @@ func (d *Driver) stageDevice(ctx context.Context, v *volume.Volume, c *csi.Volum
 	if v.Labels[LabelDiscard] == "true" && !slices.Contains(flags, "discard") {
 		flags = append(slices.Clone(flags), "discard")
 	}
-	if err := d.mounter.Mount(st.DataDevice, staging, v.FSType, flags); err != nil {
+	if err := d.mountFilesystem(st.DataDevice, staging, v.FSType, flags); err != nil {
 		return false, status.Errorf(codes.Internal, "volume %s: mount %s (%s) at %s: %v", v.UUID, st.DataDevice, v.FSType, staging, err)
 	}
 	d.log.Info("volume staged", "volume_id", v.UUID, "name", v.Name, "device", st.DataDevice, "staging_target_path", staging)
