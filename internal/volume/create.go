@@ -318,7 +318,7 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) (err er
 	if req.source != nil {
 		err = s.fillFromSource(ctx, v, req)
 	} else {
-		bare, err = s.makeBacking(v, !req.KeepAttached)
+		bare, err = s.makeBacking(ctx, v, !req.KeepAttached)
 	}
 	if err != nil {
 		return err
@@ -366,12 +366,13 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) (err er
 
 // makeBacking makes v's backing file, a hole of its size (allocated for
 // a thick volume). bare says the volume needs no device to be finished:
-// a whole-device raw volume holds nothing create writes, so where
-// detached is allowed (the caller keeps it attached otherwise) and
+// where detached is allowed (the caller keeps it attached otherwise) and
 // nothing holds its file (a crashed create's device or a foreign one,
-// which attachDevice deals with), its file's identity is recorded and no
-// device is bound.
-func (s *Store) makeBacking(v *Volume, detached bool) (bare bool, err error) {
+// which attachDevice deals with), a whole-device raw volume, which holds
+// nothing create writes, and a filesystem volume that formatFile
+// formats on the file itself are finished on the open file: its
+// identity is recorded and no device is bound.
+func (s *Store) makeBacking(ctx context.Context, v *Volume, detached bool) (bare bool, err error) {
 	fd, id, err := s.createBacking(v.UUID)
 	if err != nil {
 		return false, err
@@ -380,11 +381,16 @@ func (s *Store) makeBacking(v *Volume, detached bool) (bare bool, err error) {
 	if err := sizeBacking(fd, v.SizeBytes, v.Preallocate); err != nil {
 		return false, fmt.Errorf("%s: %w", v.BackingFile, err)
 	}
-	if detached && !formatted(v) && s.unshared(v, fd) {
-		v.noteBackingID(id)
-		return true, nil
+	if !detached || !s.unshared(v, fd) {
+		return false, nil
 	}
-	return false, nil
+	if formatted(v) {
+		if done, err := s.formatFile(ctx, v, fd); err != nil || !done {
+			return false, err
+		}
+	}
+	v.noteBackingID(id)
+	return true, nil
 }
 
 // attachFormatted attaches v and writes what create writes onto its
@@ -455,10 +461,8 @@ func (s *Store) rollback(v *Volume, cause error) error {
 // volume UUID. Only ever called on a volume in state creating, so any
 // content is ours and half-made: formatting is forced.
 func (s *Store) format(ctx context.Context, v *Volume, dev *loop.Device) error {
-	// The options were checked when the volume was reserved; the
-	// metadata is checked again, never trusted.
-	if _, err := NormalizeMkfsOptions(v.FSType, v.MkfsOptions); err != nil {
-		return fmt.Errorf("format %s: recorded %w", v.Name, err)
+	if err := checkRecordedMkfs(v); err != nil {
+		return err
 	}
 	prog, args := mkfsCommand(v, dev.Path)
 	if prog == "" {
@@ -476,6 +480,40 @@ func (s *Store) format(ctx context.Context, v *Volume, dev *loop.Device) error {
 		return fmt.Errorf("format %s: %w", v.Name, err)
 	}
 	return nil
+}
+
+// checkRecordedMkfs checks v's mkfs options again before they are run:
+// they were checked when the volume was reserved, but metadata is never
+// trusted.
+func checkRecordedMkfs(v *Volume) error {
+	if _, err := NormalizeMkfsOptions(v.FSType, v.MkfsOptions); err != nil {
+		return fmt.Errorf("format %s: recorded %w", v.Name, err)
+	}
+	return nil
+}
+
+// formatFile makes v's filesystem on its backing file itself, open as fd
+// (created and sized by makeBacking, held by nothing else), and proves it
+// (CheckFilesystem): the filesystem its device would get, without binding
+// one. mkfs and blkid reach the open file through /proc/<pid>/fd, never
+// by its name in the store. done is false, with nothing written, where
+// the filesystem must be made on the device (mkfsFileCommand).
+func (s *Store) formatFile(ctx context.Context, v *Volume, fd int) (done bool, err error) {
+	if err := checkRecordedMkfs(v); err != nil {
+		return false, err
+	}
+	path := fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), fd)
+	prog, args, ok := mkfsFileCommand(v, path)
+	if !ok {
+		return false, nil
+	}
+	if _, err := s.run.run(ctx, prog, args...); err != nil {
+		return false, fmt.Errorf("format %s: %w", v.Name, err)
+	}
+	if err := s.CheckFilesystem(ctx, v, path); err != nil {
+		return false, fmt.Errorf("format %s: mkfs did not make the volume's own filesystem: %w", v.Name, err)
+	}
+	return true, nil
 }
 
 // partitionName is the GPT partition name of partitioned block volumes.

@@ -520,3 +520,30 @@ func mkfsCommand(v *Volume, device string) (string, []string) {
 	}
 	return prog, append(args, device)
 }
+
+// mkfsFileCommand is mkfsCommand for v's backing file instead of its
+// device. mkfs takes the sector size from a device, and a filesystem
+// volume's device has FilesystemBlockSize sectors: for the file it is
+// given (ext4 -b, XFS -s), which makes the same filesystem. ok is false
+// for other volumes and where v's own options set that size, which the
+// device checks against its sectors (a file would take any).
+func mkfsFileCommand(v *Volume, path string) (prog string, args []string, ok bool) {
+	if v.Mode != ModeFilesystem || v.BlockSize != FilesystemBlockSize {
+		return "", nil, false
+	}
+	var size []string
+	switch {
+	case v.FSType == "ext4" && !slices.Contains(mkfsTokens(v.MkfsOptions), "-b"):
+		size = []string{"-b", strconv.Itoa(FilesystemBlockSize)}
+	case v.FSType == "xfs" && !slices.Contains(mkfsTokens(v.MkfsOptions), "-s"):
+		size = []string{"-s", "size=" + strconv.Itoa(FilesystemBlockSize)}
+	default:
+		return "", nil, false
+	}
+	prog, args = mkfsCommand(v, path)
+	if prog == "" {
+		return "", nil, false
+	}
+	last := len(args) - 1
+	return prog, append(append(args[:last:last], size...), args[last]), true
+}

@@ -180,3 +180,32 @@ func TestMkfsCommandKeepsNodiscard(t *testing.T) {
 		}
 	}
 }
+
+func TestMkfsFileCommand(t *testing.T) {
+	u := "7f561330-fb42-440f-83e9-e9f8aa31d2f4"
+	fs := func(fsType string, opts ...string) Volume {
+		return Volume{UUID: u, Mode: ModeFilesystem, FSType: fsType, BlockSize: FilesystemBlockSize, MkfsOptions: opts}
+	}
+	old := fs("ext4")
+	old.BlockSize = 0 // made before volumes recorded it
+	tests := []struct {
+		v    Volume
+		want string // "" for: on the device
+	}{
+		{fs("ext4"), "mkfs.ext4 -q -F -U " + u + " -b 4096 /f"},
+		{fs("ext4", "-E", "stride=16"), "mkfs.ext4 -q -F -U " + u + " -E stride=16 -b 4096 /f"},
+		{fs("ext4", "-b", "1024"), ""},
+		{fs("xfs"), "mkfs.xfs -q -f -m uuid=" + u + " -s size=4096 /f"},
+		{fs("xfs", "-b", "size=4096"), "mkfs.xfs -q -f -m uuid=" + u + " -b size=4096 -s size=4096 /f"},
+		{fs("xfs", "-s", "size=512"), ""},
+		{old, ""},
+		{Volume{UUID: u, Mode: ModeBlock, Partitioned: true, BlockSize: FilesystemBlockSize}, ""},
+	}
+	for _, tt := range tests {
+		prog, args, ok := mkfsFileCommand(&tt.v, "/f")
+		got := strings.TrimSpace(prog + " " + strings.Join(args, " "))
+		if ok != (tt.want != "") || got != tt.want && ok {
+			t.Errorf("mkfsFileCommand(%+v) = %q, %t; want %q", tt.v, got, ok, tt.want)
+		}
+	}
+}
