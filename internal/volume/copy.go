@@ -22,14 +22,15 @@ const (
 )
 
 // copyChunk bounds one copy_file_range call, so that a cancelled context
-// and the progress callback are seen in time.
-const copyChunk = 64 << 20
+// and the progress callback are seen in time, and the copy's writeback
+// starts behind it (writebehind.go).
+const copyChunk = 16 << 20
 
 // copyFile makes the open, empty file dst a copy of the first size bytes
 // of the open file src: FICLONE where the filesystem shares extents, else
 // a sparse copy that reads and writes only the source's data ranges and
-// never writes a hole. dst ends with size bytes; nothing is flushed (see
-// flushCopy). progress, if set, is called with the bytes of the source
+// never writes a hole, with its writeback started as it goes. dst ends
+// with size bytes; nothing is flushed (see flushCopy). progress, if set, is called with the bytes of the source
 // covered so far. The caller owns both fds.
 func copyFile(ctx context.Context, dst, src int, size int64, progress func(done, total int64)) (CopyMethod, error) {
 	err := unix.IoctlFileClone(dst, src)
@@ -76,12 +77,16 @@ func cloneUnsupported(err error) bool {
 // sparseCopy copies the data ranges of src below size to the same offsets
 // of dst and sets dst's size.
 func sparseCopy(ctx context.Context, dst, src int, size int64, progress func(done, total int64)) error {
+	wb := newWriteBehind(dst)
 	err := eachDataRange(src, size, func(start, end int64) error {
 		for off := start; off < end; {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
 			n, err := copyRange(src, dst, off, min(end-off, copyChunk))
+			if err == nil {
+				err = wb.wrote(off, n)
+			}
 			if err != nil {
 				return err
 			}
