@@ -175,11 +175,14 @@ func FuzzMkfsOptions(f *testing.F) {
 }
 
 // validStream is a stream of a 4 MiB block volume with two extents.
-func validStream(t testing.TB) []byte {
+func validStream(t testing.TB) []byte { return validStreamVersion(t, streamVersion) }
+
+// validStreamVersion is validStream in the given format version.
+func validStreamVersion(t testing.TB, version uint32) []byte {
 	t.Helper()
 	var b bytes.Buffer
 	h := &StreamHeader{Name: "v", UUID: "0b9d5a10-8c5e-4a57-b1a3-7f3e9c2d4e61", SizeBytes: 4 << 20, Mode: ModeBlock}
-	sw, err := newStreamWriter(&b, h)
+	sw, err := newStreamWriterVersion(&b, h, version)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,6 +205,7 @@ func FuzzReadStream(f *testing.F) {
 	good := validStream(f)
 	f.Add(good)
 	f.Add(good[:40])
+	f.Add(validStreamVersion(f, 1))
 	f.Add([]byte(streamMagic))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		var size, end int64

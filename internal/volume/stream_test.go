@@ -6,17 +6,33 @@ import (
 	"testing"
 )
 
-// TestReadStream: a stream reads back as written; each broken rule is
-// refused with ErrInvalid.
+// TestReadStream: a stream of either version reads back as written; each
+// broken rule is refused with ErrInvalid.
 func TestReadStream(t *testing.T) {
+	for _, version := range []uint32{1, 2} {
+		var got []int64
+		h, err := readStream(bytes.NewReader(validStreamVersion(t, version)), nil, func(off int64, data []byte) error {
+			got = append(got, off, int64(len(data)), int64(data[0]))
+			return nil
+		})
+		if err != nil || h.SizeBytes != 4<<20 || len(got) != 6 || got[0] != 4096 || got[1] != 512 || got[2] != 1 || got[3] != 1<<20 || got[4] != 4096 || got[5] != 2 {
+			t.Fatalf("version %d: readStream = %+v, %v, extents %v", version, h, err, got)
+		}
+	}
 	good := validStream(t)
-	var got []int64
-	h, err := readStream(bytes.NewReader(good), nil, func(off int64, data []byte) error {
-		got = append(got, off, int64(len(data)), int64(data[0]))
-		return nil
-	})
-	if err != nil || h.SizeBytes != 4<<20 || len(got) != 6 || got[0] != 4096 || got[1] != 512 || got[2] != 1 || got[3] != 1<<20 || got[4] != 4096 || got[5] != 2 {
-		t.Fatalf("readStream = %+v, %v, extents %v", h, err, got)
+	v1 := validStreamVersion(t, 1)
+	if len(v1) != len(good)+28 {
+		t.Fatalf("version 1 stream of %d bytes, version 2 of %d: want SHA-256 against CRC-32C", len(v1), len(good))
+	}
+	flip := func(b []byte, i int) []byte {
+		b = bytes.Clone(b)
+		b[i] ^= 0x10
+		return b
+	}
+	version := func(b []byte, v byte) []byte {
+		b = bytes.Clone(b)
+		b[19] = v
+		return b
 	}
 	hdrEnd := 24 + int(good[23]) // header length < 256 here
 	rec := func(off, length uint64) []byte {
@@ -39,6 +55,15 @@ func TestReadStream(t *testing.T) {
 		"offset wraps":  withRecords(rec(^uint64(0)-5, 10)),
 		"zero length":   withRecords(rec(0, 0)),
 		"no end record": withRecords(rec(0, 10)),
+		"data damaged":  flip(good, len(good)-30),
+		"sum damaged":   flip(good, len(good)-1),
+		"v1 damaged":    flip(v1, len(v1)-60),
+		"v1 as v2":      version(v1, 2),
+		"v2 as v1":      version(good, 1),
+		"version 0":     version(good, 0),
+		"version 3":     version(good, 3),
+		"cut in sum":    good[:len(good)-2],
+		"data after":    append(bytes.Clone(good), 0),
 	}
 	for name, in := range tests {
 		if _, err := readStream(bytes.NewReader(in), nil, func(int64, []byte) error { return nil }); !errors.Is(err, ErrInvalid) {
