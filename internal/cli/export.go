@@ -17,7 +17,7 @@ func newExportCommand(g *globals) *cobra.Command {
 		Short: "Write a volume or snapshot to stdout as a sparse stream",
 		Long: `Write the volume or snapshot (a name or UUID; volumes are looked up first)
 to stdout as a sparse stream: a header with size, mode and filesystem, the
-data extents with their offsets (never the holes), and a SHA-256 checksum.
+data extents with their offsets (never the holes), and a CRC-32C checksum.
 ` + "`sparsevol import`" + ` reads it on this or another node. A volume is
 exported only while nothing uses it; for a volume in use, take a snapshot
 and export that. Refuses a terminal as stdout. Shows progress when stderr

@@ -156,8 +156,9 @@ type ImportRequest struct {
 }
 
 // Import makes a volume named req.Name from the stream r. The stream is
-// written into an unnamed file of the store (O_TMPFILE) and checked
-// completely (format, bounds, order, checksum) before the volume appears;
+// written into an unnamed file of the store (O_TMPFILE), its writeback
+// started as it arrives (writebehind.go), and checked completely (format,
+// bounds, order, checksum) and flushed before the volume appears;
 // then it goes through Create's steps (state creating, device, identity,
 // unit, ready). A failed import leaves nothing; a killed one leaves
 // nothing either before the stream was checked, and a volume in state
@@ -180,6 +181,7 @@ func (s *Store) Import(ctx context.Context, r io.Reader, req ImportRequest) (*Vo
 	}
 	defer unix.Close(fd)
 	var size int64
+	wb := newWriteBehind(fd)
 	h, err := readStream(r, func(h *StreamHeader) error {
 		if err := s.checkSpace(h.SizeBytes, false); err != nil {
 			return err
@@ -194,6 +196,9 @@ func (s *Store) Import(ctx context.Context, r io.Reader, req ImportRequest) (*Vo
 			n, err := unix.Pwrite(fd, data, off)
 			if err != nil {
 				return fmt.Errorf("write at %d: %w", off, err)
+			}
+			if err := wb.wrote(off, int64(n)); err != nil {
+				return err
 			}
 			data, off = data[n:], off+int64(n)
 		}
