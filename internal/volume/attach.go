@@ -91,11 +91,16 @@ func plural(n int, one, many string) string {
 // finds v's own devices on it, refusing with ErrUnsafe while a device
 // someone else bound holds it: what every operation that binds, resizes
 // or grows a volume proves first. op names the operation in errors. The
-// caller holds v's lock and closes fd.
+// caller holds v's lock and closes fd. A file open nowhere else
+// (loop.Unshared) has no device: the scan of every bound device is left
+// out then.
 func (s *Store) openOwned(v *Volume, op string) (fd int, id loop.FileID, ours []*loop.Device, err error) {
 	fd, id, err = s.openBacking(v.UUID, unix.O_RDWR)
 	if err != nil {
 		return -1, id, nil, fmt.Errorf("%s %s: %w", op, v.Name, err)
+	}
+	if s.unshared(v, fd) {
+		return fd, id, nil, nil
 	}
 	if ours, err = scanOwned(v, id, op); err != nil {
 		unix.Close(fd)
