@@ -4,17 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/validation"
-	"sigs.k8s.io/yaml"
 
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
@@ -198,127 +191,4 @@ func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
-}
-
-// PVStorageClass is the storageClassName `sparsevol pv` gives by default:
-// deploy/kubernetes ships it (no provisioner, WaitForFirstConsumer).
-const PVStorageClass = "sparsevol-local"
-
-func newPVCommand(g *globals) *cobra.Command {
-	var storageClass, node, name string
-	cmd := &cobra.Command{
-		Use: "pv VOLUME [--storage-class SC] [--node NODE]",
-		Example: `  sparsevol pv data > data-pv.yaml && kubectl apply -f data-pv.yaml
-  sparsevol pv data --storage-class local --name data-on-node1`,
-		Short: "Print a local PersistentVolume for a volume (node mode, static PVs)",
-		Long: `Print a 'local' PersistentVolume whose path is the volume's stable path
-(/dev/disk/by-uuid/<uuid>, /dev/disk/by-partuuid/<uuid>, or /dev/sparsevol/<uuid>
-for whole raw volumes), pinned to this node with nodeAffinity.`,
-		Args: exactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkPVFlags(name, storageClass, node); err != nil {
-				return err
-			}
-			s, err := g.store()
-			if err != nil {
-				return err
-			}
-			v, err := s.Get(args[0])
-			if err != nil {
-				return err
-			}
-			if node == "" {
-				if node, err = os.Hostname(); err != nil {
-					return err
-				}
-				if err := checkK8sName("node (this host's name)", node, validation.IsValidLabelValue); err != nil {
-					return err
-				}
-			}
-			pv := buildPV(v, name, storageClass, node)
-			data, err := yaml.Marshal(pv)
-			if err != nil {
-				return err
-			}
-			_, err = g.stdout.Write(data)
-			return err
-		},
-	}
-	cmd.Flags().StringVar(&storageClass, "storage-class", PVStorageClass, "storageClassName of the PV (empty: none)")
-	cmd.Flags().StringVar(&node, "node", "", "node name for nodeAffinity (default: this host's name)")
-	cmd.Flags().StringVar(&name, "name", "", "PV name (default: the volume name if it is a valid name, else sparsevol-<uuid>)")
-	return cmd
-}
-
-// checkPVFlags refuses flags that would make an invalid manifest: the PV
-// name and the storage class are DNS-1123 subdomains, the node a label
-// value (it is matched against the kubernetes.io/hostname label). Empty
-// means the default, or for the storage class, none.
-func checkPVFlags(name, storageClass, node string) error {
-	for _, f := range []struct {
-		flag, value string
-		check       func(string) []string
-	}{
-		{"--name", name, validation.IsDNS1123Subdomain},
-		{"--storage-class", storageClass, validation.IsDNS1123Subdomain},
-		{"--node", node, validation.IsValidLabelValue},
-	} {
-		if f.value == "" {
-			continue
-		}
-		if err := checkK8sName(f.flag, f.value, f.check); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func checkK8sName(what, value string, check func(string) []string) error {
-	if errs := check(value); len(errs) > 0 {
-		return usagef("%s %q: %s", what, value, strings.Join(errs, "; "))
-	}
-	return nil
-}
-
-func buildPV(v *volume.Volume, name, storageClass, node string) *corev1.PersistentVolume {
-	if name == "" {
-		name = v.Name
-		if len(validation.IsDNS1123Subdomain(name)) > 0 {
-			name = "sparsevol-" + v.UUID
-		}
-	}
-	mode := corev1.PersistentVolumeFilesystem
-	var fsType *string
-	if v.Mode == volume.ModeBlock {
-		mode = corev1.PersistentVolumeBlock
-	} else {
-		fsType = &v.FSType
-	}
-	return &corev1.PersistentVolume{
-		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "PersistentVolume"},
-		ObjectMeta: metav1.ObjectMeta{
-			Name: name,
-			Labels: map[string]string{
-				"app.kubernetes.io/managed-by": "sparsevol",
-				"sparsevol.io/uuid":            v.UUID,
-			},
-		},
-		Spec: corev1.PersistentVolumeSpec{
-			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: *resource.NewQuantity(v.SizeBytes, resource.BinarySI)},
-			VolumeMode:                    &mode,
-			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
-			StorageClassName:              storageClass,
-			PersistentVolumeSource: corev1.PersistentVolumeSource{
-				Local: &corev1.LocalVolumeSource{Path: v.StablePath(), FSType: fsType},
-			},
-			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{
-				NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-					MatchExpressions: []corev1.NodeSelectorRequirement{{
-						Key: "kubernetes.io/hostname", Operator: corev1.NodeSelectorOpIn, Values: []string{node},
-					}},
-				}},
-			}},
-		},
-	}
 }

@@ -1,0 +1,179 @@
+package cli
+
+import (
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/yaml"
+
+	"github.com/sparsevol/sparsevol/internal/volume"
+)
+
+// PVStorageClass is the storageClassName `sparsevol pv` gives by default:
+// deploy/kubernetes ships it (no provisioner, WaitForFirstConsumer).
+const PVStorageClass = "sparsevol-local"
+
+func newPVCommand(g *globals) *cobra.Command {
+	var storageClass, node, name string
+	cmd := &cobra.Command{
+		Use: "pv VOLUME [--storage-class SC] [--node NODE]",
+		Example: `  sparsevol pv data > data-pv.yaml && kubectl apply -f data-pv.yaml
+  sparsevol pv data --storage-class local --name data-on-node1`,
+		Short: "Print a local PersistentVolume for a volume (node mode, static PVs)",
+		Long: `Print a 'local' PersistentVolume whose path is the volume's stable path
+(/dev/disk/by-uuid/<uuid>, /dev/disk/by-partuuid/<uuid>, or /dev/sparsevol/<uuid>
+for whole raw volumes), pinned to this node with nodeAffinity.`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkPVFlags(name, storageClass, node); err != nil {
+				return err
+			}
+			s, err := g.store()
+			if err != nil {
+				return err
+			}
+			v, err := s.Get(args[0])
+			if err != nil {
+				return err
+			}
+			if node == "" {
+				if node, err = os.Hostname(); err != nil {
+					return err
+				}
+				if err := checkK8sName("node (this host's name)", node, validation.IsValidLabelValue); err != nil {
+					return err
+				}
+			}
+			pv := buildPV(v, name, storageClass, node)
+			data, err := yaml.Marshal(pv)
+			if err != nil {
+				return err
+			}
+			_, err = g.stdout.Write(data)
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&storageClass, "storage-class", PVStorageClass, "storageClassName of the PV (empty: none)")
+	cmd.Flags().StringVar(&node, "node", "", "node name for nodeAffinity (default: this host's name)")
+	cmd.Flags().StringVar(&name, "name", "", "PV name (default: the volume name if it is a valid name, else sparsevol-<uuid>)")
+	return cmd
+}
+
+// checkPVFlags refuses flags that would make an invalid manifest: the PV
+// name and the storage class are DNS-1123 subdomains, the node a label
+// value (it is matched against the kubernetes.io/hostname label). Empty
+// means the default, or for the storage class, none.
+func checkPVFlags(name, storageClass, node string) error {
+	for _, f := range []struct {
+		flag, value string
+		check       func(string) []string
+	}{
+		{"--name", name, validation.IsDNS1123Subdomain},
+		{"--storage-class", storageClass, validation.IsDNS1123Subdomain},
+		{"--node", node, validation.IsValidLabelValue},
+	} {
+		if f.value == "" {
+			continue
+		}
+		if err := checkK8sName(f.flag, f.value, f.check); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkK8sName(what, value string, check func(string) []string) error {
+	if errs := check(value); len(errs) > 0 {
+		return usagef("%s %q: %s", what, value, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// persistentVolume is the part of Kubernetes' core/v1 PersistentVolume
+// that `sparsevol pv` writes, with the API's field names. It is declared
+// here rather than taken from k8s.io/api: that package tree costs every
+// start of every node command its package initialisation (a test checks
+// the manifest against the real type).
+type persistentVolume struct {
+	APIVersion string     `json:"apiVersion"`
+	Kind       string     `json:"kind"`
+	Metadata   objectMeta `json:"metadata"`
+	Spec       pvSpec     `json:"spec"`
+}
+
+type objectMeta struct {
+	Name   string            `json:"name"`
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+type pvSpec struct {
+	Capacity                      map[string]string `json:"capacity"`
+	VolumeMode                    string            `json:"volumeMode"`
+	AccessModes                   []string          `json:"accessModes"`
+	PersistentVolumeReclaimPolicy string            `json:"persistentVolumeReclaimPolicy"`
+	StorageClassName              string            `json:"storageClassName,omitempty"`
+	Local                         localSource       `json:"local"`
+	NodeAffinity                  nodeAffinity      `json:"nodeAffinity"`
+}
+
+type localSource struct {
+	Path   string `json:"path"`
+	FSType string `json:"fsType,omitempty"`
+}
+
+type nodeAffinity struct {
+	Required struct {
+		NodeSelectorTerms []nodeSelectorTerm `json:"nodeSelectorTerms"`
+	} `json:"required"`
+}
+
+type nodeSelectorTerm struct {
+	MatchExpressions []nodeSelectorRequirement `json:"matchExpressions"`
+}
+
+type nodeSelectorRequirement struct {
+	Key      string   `json:"key"`
+	Operator string   `json:"operator"`
+	Values   []string `json:"values"`
+}
+
+func buildPV(v *volume.Volume, name, storageClass, node string) *persistentVolume {
+	if name == "" {
+		name = v.Name
+		if len(validation.IsDNS1123Subdomain(name)) > 0 {
+			name = "sparsevol-" + v.UUID
+		}
+	}
+	pv := &persistentVolume{
+		APIVersion: "v1",
+		Kind:       "PersistentVolume",
+		Metadata: objectMeta{
+			Name: name,
+			Labels: map[string]string{
+				"app.kubernetes.io/managed-by": "sparsevol",
+				"sparsevol.io/uuid":            v.UUID,
+			},
+		},
+		Spec: pvSpec{
+			// A quantity: FormatSize's units are Kubernetes' binary
+			// suffixes; a size in no whole unit is a plain byte count.
+			Capacity:                      map[string]string{"storage": strings.TrimSuffix(volume.FormatSize(v.SizeBytes), "B")},
+			VolumeMode:                    "Filesystem",
+			AccessModes:                   []string{"ReadWriteOnce"},
+			PersistentVolumeReclaimPolicy: "Retain",
+			StorageClassName:              storageClass,
+			Local:                         localSource{Path: v.StablePath()},
+		},
+	}
+	if v.Mode == volume.ModeBlock {
+		pv.Spec.VolumeMode = "Block"
+	} else {
+		pv.Spec.Local.FSType = v.FSType
+	}
+	pv.Spec.NodeAffinity.Required.NodeSelectorTerms = []nodeSelectorTerm{{
+		MatchExpressions: []nodeSelectorRequirement{{Key: "kubernetes.io/hostname", Operator: "In", Values: []string{node}}},
+	}}
+	return pv
+}
