@@ -11,7 +11,6 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
-	"github.com/sparsevol/sparsevol/internal/csi"
 	"github.com/sparsevol/sparsevol/internal/loop"
 	"github.com/sparsevol/sparsevol/internal/systemd"
 	"github.com/sparsevol/sparsevol/internal/volume"
@@ -223,7 +222,7 @@ func (g *globals) diagnose() []finding {
 				fmt.Sprintf("rerun the operation, or `sparsevol delete %s`", st.UUID))
 		case st.FileMissing:
 			add("FAIL", check, "backing file "+st.BackingFile+" is gone", "restore it from backup, or `sparsevol delete "+st.UUID+"`")
-		case systemd.Running() && st.Labels[csi.LabelManagedBy] == "" && !units.Enabled(st.UUID):
+		case systemd.Running() && st.Labels[volume.LabelManagedBy] == "" && !units.Enabled(st.UUID):
 			add("WARN", check, "no enabled unit: it will not come back after a reboot",
 				"systemctl enable --now "+systemd.UnitName(st.UUID))
 		}

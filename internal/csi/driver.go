@@ -31,9 +31,9 @@ const (
 	// LabelCSIName records the CreateVolume name, which makes CreateVolume
 	// idempotent across restarts of the plugin.
 	LabelCSIName = "sparsevol.io/csi-name"
-	// LabelManagedBy marks volumes the CSI driver owns. `sparsevol doctor`
-	// does not expect a systemd unit for them: the kubelet brings them up.
-	LabelManagedBy = "sparsevol.io/managed-by"
+	// LabelManagedBy marks volumes the CSI driver owns (see
+	// volume.LabelManagedBy).
+	LabelManagedBy = volume.LabelManagedBy
 	// ManagedByCSI is the value of LabelManagedBy for CSI volumes.
 	ManagedByCSI = "csi"
 	// LabelProvisioning records thin or thick provisioning.

@@ -61,6 +61,11 @@ const (
 	ModeBlock      Mode = "block"
 )
 
+// LabelManagedBy is the label that names who brings a volume up, where it
+// is not sparsevol's units: the CSI driver sets it on its volumes (the
+// kubelet stages them), and `sparsevol doctor` expects no unit for them.
+const LabelManagedBy = "sparsevol.io/managed-by"
+
 // State records how far a volume's lifecycle got, so that a crash at any
 // step is finished or cleaned up by the next run.
 type State string
