@@ -146,7 +146,7 @@ func (r *CreateRequest) compatible(v *Volume) bool {
 	return v.SizeBytes == r.SizeBytes && v.Mode == r.Mode && v.FSType == r.FSType &&
 		v.Partitioned == (r.Mode == ModeBlock && !r.NoPartition) &&
 		v.Preallocate == r.Preallocate && v.IOLimits == r.IOLimits && slices.Equal(mkfsTokens(v.MkfsOptions), r.MkfsOptions) &&
-		(r.UUID == "" || r.UUID == v.UUID) && r.source.matches(v)
+		(r.UUID == "" || r.UUID == v.UUID) && r.source.matches(v) && maps.Equal(v.Labels, r.Labels)
 }
 
 // Create makes a volume: metadata (state creating), sparse file, loop

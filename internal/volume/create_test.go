@@ -3,6 +3,7 @@ package volume
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -79,6 +80,10 @@ func TestFailedCreateLeavesNothing(t *testing.T) {
 		req   CreateRequest
 		setup func(t *testing.T) (undo func()) // around the create
 		want  string                           // in the error
+		// deviceOnly: fails on a device only. mkfs zeroes a file by
+		// punching holes, which allocate nothing, and a device by
+		// writing zeros through it.
+		deviceOnly bool
 	}{
 		{
 			name:  "file too large",
@@ -103,10 +108,11 @@ func TestFailedCreateLeavesNothing(t *testing.T) {
 			want:  "mkfs.ext4",
 		},
 		{
-			name:  "store full under mkfs",
-			store: func(t *testing.T) *Store { return tmpfsStore(t, "4m", Options{OvercommitRatio: 1e9}) },
-			req:   CreateRequest{SizeBytes: 256 << 20, MkfsOptions: []string{"-E lazy_itable_init=0,lazy_journal_init=0"}},
-			want:  "mkfs.ext4",
+			name:       "store full under mkfs",
+			store:      func(t *testing.T) *Store { return tmpfsStore(t, "4m", Options{OvercommitRatio: 1e9}) },
+			req:        CreateRequest{SizeBytes: 256 << 20, MkfsOptions: []string{"-E lazy_itable_init=0,lazy_journal_init=0"}},
+			want:       "mkfs.ext4",
+			deviceOnly: true,
 		},
 		{
 			name:  "mkfs makes another filesystem type",
@@ -117,29 +123,80 @@ func TestFailedCreateLeavesNothing(t *testing.T) {
 		},
 	}
 	for _, tt := range tests {
+		for _, keep := range []bool{true, false} { // formatted on its device, or on its file
+			if tt.deviceOnly && !keep {
+				continue
+			}
+			t.Run(fmt.Sprintf("%s/attached=%t", tt.name, keep), func(t *testing.T) {
+				s := tt.store(t)
+				req := tt.req
+				req.Name = "v"
+				req.KeepAttached = keep
+				undo := func() {}
+				if tt.setup != nil {
+					undo = tt.setup(t)
+				}
+				_, err := s.Create(context.Background(), req)
+				undo()
+				if err == nil || !strings.Contains(err.Error(), tt.want) {
+					t.Fatalf("Create = %v, want an error saying %q", err, tt.want)
+				}
+				if errors.Is(err, ErrInvalid) {
+					t.Fatalf("Create = %v: refused before it started, the case tests nothing", err)
+				}
+				assertNothingLeft(t, s)
+				v := mustCreate(t, s, CreateRequest{Name: "v", SizeBytes: MiB, Mode: ModeBlock, NoPartition: true})
+				if err := s.Delete(context.Background(), v.UUID, DetachOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				assertNothingLeft(t, s)
+			})
+		}
+	}
+}
+
+// TestCreateFinishesOnlyTheSameRequest: a create killed after it reserved
+// the name is finished by the same request again, labels included; a
+// request that differs (another owner's labels, another size) is
+// ErrExists and leaves the unfinished volume as it is.
+func TestCreateFinishesOnlyTheSameRequest(t *testing.T) {
+	crashed := CreateRequest{Name: "v", SizeBytes: 8 << 20, Labels: map[string]string{"owner": "csi"}}
+	tests := []struct {
+		name     string
+		change   func(r *CreateRequest)
+		finishes bool
+	}{
+		{"same", func(*CreateRequest) {}, true},
+		{"other labels", func(r *CreateRequest) { r.Labels = map[string]string{"owner": "cli"} }, false},
+		{"no labels", func(r *CreateRequest) { r.Labels = nil }, false},
+		{"other size", func(r *CreateRequest) { r.SizeBytes = 16 << 20 }, false},
+	}
+	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := tt.store(t)
-			req := tt.req
-			req.Name = "v"
-			req.KeepAttached = true
-			undo := func() {}
-			if tt.setup != nil {
-				undo = tt.setup(t)
-			}
-			_, err := s.Create(context.Background(), req)
-			undo()
-			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("Create = %v, want an error saying %q", err, tt.want)
-			}
-			if errors.Is(err, ErrInvalid) {
-				t.Fatalf("Create = %v: refused before it started, the case tests nothing", err)
-			}
-			assertNothingLeft(t, s)
-			v := mustCreate(t, s, CreateRequest{Name: "v", SizeBytes: MiB, Mode: ModeBlock, NoPartition: true})
-			if err := s.Delete(context.Background(), v.UUID, DetachOptions{}); err != nil {
+			s := newStore(t, Options{})
+			req := crashed
+			if err := req.Normalize(); err != nil {
 				t.Fatal(err)
 			}
-			assertNothingLeft(t, s)
+			v, err := s.reserve(req) // what a create killed before the file leaves
+			if err != nil {
+				t.Fatal(err)
+			}
+			again := crashed
+			tt.change(&again)
+			got, err := s.Create(context.Background(), again)
+			if !tt.finishes {
+				if !errors.Is(err, ErrExists) {
+					t.Fatalf("Create = %v, want ErrExists", err)
+				}
+				if now, err := s.Get(v.UUID); err != nil || now.State != StateCreating {
+					t.Fatalf("unfinished volume now %+v, %v; want it still creating", now, err)
+				}
+				return
+			}
+			if err != nil || got.UUID != v.UUID || got.State != StateReady {
+				t.Fatalf("Create = %+v, %v; want volume %s finished", got, err, v.UUID)
+			}
 		})
 	}
 }
