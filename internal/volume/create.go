@@ -243,7 +243,7 @@ func (s *Store) reserve(req CreateRequest) (*Volume, error) {
 	if err := LinkedElsewhere(req.UUID); err != nil {
 		return nil, err
 	}
-	if err := s.checkSpace(req.SizeBytes, req.Preallocate); err != nil {
+	if err := s.checkSpaceOf(vols, req.SizeBytes, req.Preallocate); err != nil {
 		return nil, err
 	}
 	directIO := *s.opts.DirectIO

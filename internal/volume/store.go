@@ -526,7 +526,17 @@ func (s *Store) space(vols []*Volume) (Space, error) {
 // (preallocated) volume must also fit in what is physically free: it
 // allocates everything now, overcommit or not.
 func (s *Store) checkSpace(delta int64, thick bool) error {
-	sp, err := s.Space()
+	vols, err := s.List()
+	if err != nil {
+		return err
+	}
+	return s.checkSpaceOf(vols, delta, thick)
+}
+
+// checkSpaceOf is checkSpace for a caller that listed the volumes (vols)
+// already.
+func (s *Store) checkSpaceOf(vols []*Volume, delta int64, thick bool) error {
+	sp, err := s.space(vols)
 	if err != nil {
 		return err
 	}
