@@ -352,30 +352,6 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		}
 	}
 
-	vols, err := d.store.List()
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	for _, v := range vols {
-		if v.Name != name {
-			continue
-		}
-		if !managed(v) {
-			return nil, status.Errorf(codes.AlreadyExists, "name %q is taken by volume %s, which the CSI driver does not manage", name, v.UUID)
-		}
-		if why := s.incompatibility(v); why != "" {
-			return nil, status.Errorf(codes.AlreadyExists, "volume %q (%s) exists and is incompatible with the request: %s", name, v.UUID, why)
-		}
-		switch v.State {
-		case volume.StateReady:
-			return &csi.CreateVolumeResponse{Volume: d.csiVolume(v)}, nil
-		case volume.StateDeleting:
-			return nil, status.Errorf(codes.Aborted, "volume %q (%s) is being deleted; retry later", name, v.UUID)
-		}
-		// State creating: a crashed create; store.Create below finishes it
-		// with the same (recorded) size.
-		s.req.SizeBytes = v.SizeBytes
-	}
 	cr := s.req
 	cr.Name = name
 	cr.Labels = map[string]string{
@@ -386,8 +362,48 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if s.discard {
 		cr.Labels[LabelDiscard] = "true"
 	}
+	// The store decides whether the name is free, under its lock; only a
+	// name that is taken is looked at here (taken).
 	v, err := d.store.Create(ctx, cr)
+	if errors.Is(err, volume.ErrExists) {
+		return d.taken(ctx, s, cr, err)
+	}
 	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &csi.CreateVolumeResponse{Volume: d.csiVolume(v)}, nil
+}
+
+// taken answers a CreateVolume whose name the store found taken (exists,
+// the store's error): the same request again is success; a crashed
+// create of it is finished with its recorded size; anything else is
+// refused. The caller holds the name's in-flight guard.
+func (d *Driver) taken(ctx context.Context, s *spec, cr volume.CreateRequest, exists error) (*csi.CreateVolumeResponse, error) {
+	vols, err := d.store.List()
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	i := slices.IndexFunc(vols, func(v *volume.Volume) bool { return v.Name == cr.Name })
+	if i < 0 {
+		return nil, toStatus(exists) // not a volume's name: the store says what holds it
+	}
+	v := vols[i]
+	if !managed(v) {
+		return nil, status.Errorf(codes.AlreadyExists, "name %q is taken by volume %s, which the CSI driver does not manage", cr.Name, v.UUID)
+	}
+	if why := s.incompatibility(v); why != "" {
+		return nil, status.Errorf(codes.AlreadyExists, "volume %q (%s) exists and is incompatible with the request: %s", cr.Name, v.UUID, why)
+	}
+	switch v.State {
+	case volume.StateReady:
+		return &csi.CreateVolumeResponse{Volume: d.csiVolume(v)}, nil
+	case volume.StateDeleting:
+		return nil, status.Errorf(codes.Aborted, "volume %q (%s) is being deleted; retry later", cr.Name, v.UUID)
+	}
+	// State creating: a crashed create; store.Create finishes it with the
+	// same (recorded) size.
+	cr.SizeBytes = v.SizeBytes
+	if v, err = d.store.Create(ctx, cr); err != nil {
 		return nil, toStatus(err)
 	}
 	return &csi.CreateVolumeResponse{Volume: d.csiVolume(v)}, nil
