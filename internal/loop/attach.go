@@ -44,6 +44,12 @@ type AttachOptions struct {
 	// so that udev probes the bound device once, not twice. Callers set
 	// it where udevd runs (UdevRunning).
 	QuietUdev bool
+	// Prefer, if set, is a device (/dev/loopN) Attach tries before it
+	// asks the kernel for a free one: LOOP_CTL_GET_FREE walks every
+	// device below the first free one. It is a hint, never trusted: the
+	// kernel refuses a bound device, the result is verified as every
+	// binding is, and any failure falls back to the kernel's choice.
+	Prefer string
 }
 
 func (o AttachOptions) flags(directIO bool) uint32 {
@@ -446,11 +452,36 @@ func attachNumber(control int, s slot, req AttachRequest) AttachResult {
 	return AttachResult{Device: dev}
 }
 
+// unboundNumber returns the number of the loop device path if sysfs shows
+// the device and no file bound to it: a preferred device (see
+// AttachOptions.Prefer) worth trying. A bound device is passed over
+// without being opened, since opening someone's device for writing makes
+// udev probe it again at close.
+func unboundNumber(path string) (int, bool) {
+	n, err := parseNumber(path)
+	if err != nil {
+		return 0, false
+	}
+	sys := "/sys/block/loop" + strconv.Itoa(n)
+	if _, err := os.Lstat(sys); err != nil {
+		return 0, false
+	}
+	if _, err := os.Lstat(sys + "/loop/backing_file"); err == nil {
+		return 0, false
+	}
+	return n, true
+}
+
 // attachOne is Attach's loop for a caller that holds the control lock.
 func attachOne(control int, req AttachRequest) AttachResult {
 	want, err := checkRequest(req)
 	if err != nil {
 		return AttachResult{Err: fmt.Errorf("attach: %w", err)}
+	}
+	if n, ok := unboundNumber(req.Options.Prefer); ok {
+		if dev, err := bindNumber(n, req.FD, want, req.Options); err == nil {
+			return AttachResult{Device: dev}
+		}
 	}
 	for attempt := 0; ; attempt++ {
 		n, err := unix.IoctlRetInt(control, unix.LOOP_CTL_GET_FREE)

@@ -641,3 +641,78 @@ func TestUnshared(t *testing.T) {
 		})
 	}
 }
+
+// TestAttachPrefer: a preferred device is a hint. A free one is used; a
+// bound one (someone else's), one that does not exist and anything that
+// is no loop device are passed over for a free device, and what is bound
+// is always the caller's file, proven.
+func TestAttachPrefer(t *testing.T) {
+	testutil.RequireRoot(t)
+	tests := []struct {
+		name   string
+		prefer func(t *testing.T) (path string, used bool)
+	}{
+		{"free", func(t *testing.T) (string, bool) { return spareDevice(t), true }},
+		{"bound to another file", func(t *testing.T) (string, bool) {
+			other, _ := backingFile(t, 1<<20)
+			return testutil.Losetup(t, other), false
+		}},
+		{"missing", func(*testing.T) (string, bool) { return "/dev/loop987654321", false }},
+		{"no loop device", func(*testing.T) (string, bool) { return "/dev/null", false }},
+		{"garbage", func(*testing.T) (string, bool) { return "loop-1\x00", false }},
+		{"none", func(*testing.T) (string, bool) { return "", false }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			prefer, used := tt.prefer(t)
+			var before *Device
+			if !used && prefer != "" {
+				before, _ = Get(prefer)
+			}
+			path, id := backingFile(t, 1<<20)
+			dev := attach(t, path, AttachOptions{Tag: "sparsevol:prefer", Prefer: prefer})
+			if err := (Owner{ID: id, Tag: "sparsevol:prefer"}).Check(dev); err != nil {
+				t.Fatal(err)
+			}
+			if got := dev.Path == prefer; got != used {
+				t.Errorf("bound %s, preferred %s: used %t, want %t", dev.Path, prefer, got, used)
+			}
+			if before != nil {
+				if after, err := Get(prefer); err != nil || after.Backing != before.Backing || after.Tag != before.Tag {
+					t.Errorf("%s was %+v, is %+v, %v", prefer, before, after, err)
+				}
+			}
+		})
+	}
+}
+
+// spareDevice adds an unbound loop device far above the existing ones,
+// which no other test's search for a free device reaches, and removes it
+// at cleanup.
+func spareDevice(t *testing.T) string {
+	t.Helper()
+	highest := 0
+	entries, _ := os.ReadDir("/sys/block")
+	for _, e := range entries {
+		if n, err := parseNumber(e.Name()); err == nil {
+			highest = max(highest, n)
+		}
+	}
+	control, err := lockControl()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := highest + 1000
+	_, err = addDevice(control, n)
+	unix.Close(control)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if fd, err := unix.Open(ControlPath, unix.O_RDWR|unix.O_CLOEXEC, 0); err == nil {
+			unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.LOOP_CTL_REMOVE, uintptr(n))
+			unix.Close(fd)
+		}
+	})
+	return devicePath(n)
+}

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -60,6 +61,15 @@ func eachBound(fn func(n int, backingPath string) error) error {
 	return nil
 }
 
+// scans counts sizedLoops' reads.
+var scans atomic.Int64
+
+// Scans is how many times this process looked at every bound loop device
+// (List, Scan, Bound, BoundCount, a batch's choice of free devices): what
+// a call about one device must not need, whatever the number bound, and
+// what tests hold such calls to.
+func Scans() int64 { return scans.Load() }
+
 // BoundCount is how many loop devices are bound, from one read of
 // /proc/partitions (see eachBound): what a caller sizing a batch needs,
 // without a look at each device.
@@ -73,7 +83,9 @@ func BoundCount() (int, error) {
 
 // sizedLoops lists the numbers of the loop devices /proc/partitions shows
 // (those with a non-zero size, which bound devices are; see eachBound).
+// Every look at all bound devices starts here, and is counted (Scans).
 func sizedLoops() ([]int, error) {
+	scans.Add(1)
 	parts, err := os.ReadFile("/proc/partitions")
 	if err != nil {
 		return nil, err
