@@ -69,7 +69,7 @@ func processGone(pid int, d time.Duration) bool {
 }
 
 // TestOpenTidiesStore: every command opens the store, and opening makes a
-// lax store private (saying so on stderr) and removes the temporary
+// lax store private (saying so on stderr); a listing removes the temporary
 // metadata that killed writers left.
 func TestOpenTidiesStore(t *testing.T) {
 	const stale = ".tmp-5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9.json-2630577581"

@@ -140,7 +140,8 @@ func (s *Store) disableBroken(ctx context.Context, uuid string) error {
 // AttachEnabled attaches the volumes of lc's enabled units, store by store,
 // each store in one pass (AttachMany), with opts for every store. It goes
 // on past stores and volumes that fail and reports them all; the volumes
-// it attached are returned, store by store.
+// it attached are returned, store by store. Each store is swept of what
+// killed writers left (see uuids) first: once per boot.
 func AttachEnabled(ctx context.Context, lc Lifecycle, opts Options) ([]*Status, error) {
 	enabled, err := lc.EnabledVolumes()
 	if err != nil {
@@ -164,6 +165,9 @@ func AttachEnabled(ctx context.Context, lc Lifecycle, opts Options) ([]*Status, 
 		if err != nil {
 			errs = append(errs, err)
 			continue
+		}
+		if _, err := s.uuids(); err != nil {
+			s.log.Warn("sweeping the store", "error", err)
 		}
 		sts, err := s.AttachMany(ctx, byRoot[root])
 		out = append(out, sts...)

@@ -111,7 +111,9 @@ func TestOpenMakesStorePrivate(t *testing.T) {
 	}
 }
 
-func TestOpenRemovesStaleTemps(t *testing.T) {
+// TestListRemovesStaleTemps: a listing sweeps the temporary metadata of
+// dead writers, never one whose writer may still run; Open leaves them.
+func TestListRemovesStaleTemps(t *testing.T) {
 	testutil.RequireRoot(t)
 	const uuid = "9d2b7a64-0c1e-4f8a-b3d5-6e7f8a9b0c1d"
 	stale := ".tmp-" + uuid + metaExt + "-4107342391"
@@ -119,7 +121,7 @@ func TestOpenRemovesStaleTemps(t *testing.T) {
 	others := []string{".tmp-sparsevol@" + uuid + ".service-1", ".tmp-" + uuid + metaExt + "-12x", ".tmp-notauuid.json-1", uuid + metaExt}
 	tests := []struct {
 		name string
-		held string // lock held by a live writer while the store is opened, "" none
+		held string // lock held by a live writer while the store is listed, "" none
 	}{
 		{"writer dead", ""},
 		{"volume lock held", uuid},
@@ -129,6 +131,10 @@ func TestOpenRemovesStaleTemps(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := storeDir(t, 0o700)
 			writer, err := Open(dir, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			lister, err := Open(dir, Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -146,7 +152,7 @@ func TestOpenRemovesStaleTemps(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if _, err := Open(dir, Options{}); err != nil {
+				if _, err := lister.List(); err != nil {
 					unlock()
 					t.Fatal(err)
 				}
@@ -158,8 +164,14 @@ func TestOpenRemovesStaleTemps(t *testing.T) {
 			if _, err := Open(dir, Options{}); err != nil {
 				t.Fatal(err)
 			}
+			if !exists(stale) {
+				t.Fatalf("%s removed by Open: a call about one volume reads no directory", stale)
+			}
+			if _, err := lister.List(); err != nil {
+				t.Fatal(err)
+			}
 			if exists(stale) {
-				t.Errorf("%s left after Open with no writer", stale)
+				t.Errorf("%s left after a listing with no writer", stale)
 			}
 			for _, name := range others {
 				if !exists(name) {

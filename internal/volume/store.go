@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -79,8 +80,11 @@ type Store struct {
 // A store that lets group or world in is made private (group and world
 // access removed) and the change is logged as a warning, provided it holds
 // nothing but the store's own entries; a directory holding anything else
-// may be shared and is refused instead of changed. Temporary metadata files
-// that killed writers left behind are removed (see removeStaleTemps).
+// may be shared and is refused instead of changed. Open costs the same
+// whatever the number of volumes: it reads the directory only to vet a
+// store it must make private. Temporary metadata files that killed
+// writers left behind are removed by the calls that read the whole
+// directory anyway (see uuids), never by a call about one volume.
 func Open(root string, opts Options) (*Store, error) {
 	if root == "" {
 		return nil, fmt.Errorf("open store: empty root: %w", ErrInvalid)
@@ -112,72 +116,71 @@ func Open(root string, opts Options) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	names, dir, err := openPrivate(abs, log)
+	dir, err := openPrivate(abs, log)
 	if err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(filepath.Join(abs, lockDir), 0o700); err != nil {
 		return nil, fmt.Errorf("open store %s: %w", abs, err)
 	}
-	s := &Store{root: abs, dir: dir, opts: opts, log: log, run: execRunner{}}
-	s.removeStaleTemps(names)
-	return s, nil
+	return &Store{root: abs, dir: dir, opts: opts, log: log, run: execRunner{}}, nil
 }
 
-// openPrivate checks the store directory dir, makes it private as Open
-// says, and returns the names in it. Refusals change nothing. The
-// directory is opened without following a final symbolic link, and what
-// is checked and changed is that open directory, so it cannot be swapped
-// between the check and the chmod.
-func openPrivate(dir string, log *slog.Logger) ([]string, dirID, error) {
+// openPrivate checks the store directory dir and makes it private as Open
+// says. Refusals change nothing. The directory is opened without following
+// a final symbolic link, and what is checked and changed is that open
+// directory, so it cannot be swapped between the check and the chmod. Its
+// names are read only when it is not private already.
+func openPrivate(dir string, log *slog.Logger) (dirID, error) {
 	f, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		// With O_DIRECTORY a symbolic link fails as ENOTDIR, not ELOOP.
 		if target, lerr := os.Readlink(dir); lerr == nil {
-			return nil, dirID{}, fmt.Errorf("open store %s: a symbolic link (to %q); give the directory itself: %w", dir, target, ErrInvalid)
+			return dirID{}, fmt.Errorf("open store %s: a symbolic link (to %q); give the directory itself: %w", dir, target, ErrInvalid)
 		}
 	}
 	switch {
 	case errors.Is(err, unix.ENOTDIR):
-		return nil, dirID{}, fmt.Errorf("open store %s: not a directory: %w", dir, ErrInvalid)
+		return dirID{}, fmt.Errorf("open store %s: not a directory: %w", dir, ErrInvalid)
 	case errors.Is(err, fs.ErrNotExist):
-		return nil, dirID{}, fmt.Errorf("open store %s: %w (create it with install -d -m 0700 %s): %w", dir, err, dir, ErrInvalid)
+		return dirID{}, fmt.Errorf("open store %s: %w (create it with install -d -m 0700 %s): %w", dir, err, dir, ErrInvalid)
 	case err != nil:
-		return nil, dirID{}, fmt.Errorf("open store %s: %w: %w", dir, err, ErrInvalid)
+		return dirID{}, fmt.Errorf("open store %s: %w: %w", dir, err, ErrInvalid)
 	}
 	defer f.Close()
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return nil, dirID{}, fmt.Errorf("open store %s: %w", dir, err)
+		return dirID{}, fmt.Errorf("open store %s: %w", dir, err)
 	}
 	if st.Uid != 0 && int(st.Uid) != os.Geteuid() {
-		return nil, dirID{}, fmt.Errorf("open store %s: owned by uid %d, not by root or uid %d: its owner could replace volume files: %w",
+		return dirID{}, fmt.Errorf("open store %s: owned by uid %d, not by root or uid %d: its owner could replace volume files: %w",
 			dir, st.Uid, os.Geteuid(), ErrInvalid)
 	}
 	if err := unix.Access(dir, unix.W_OK|unix.X_OK); err != nil {
-		return nil, dirID{}, fmt.Errorf("open store %s: not writable: %w", dir, ErrInvalid)
+		return dirID{}, fmt.Errorf("open store %s: not writable: %w", dir, ErrInvalid)
 	}
 	id := dirID{dev: st.Dev, ino: st.Ino}
-	names, err := f.Readdirnames(-1)
-	if err != nil {
-		return nil, dirID{}, fmt.Errorf("open store %s: %w", dir, err)
-	}
 	mode := st.Mode & 0o7777
 	if mode&0o077 == 0 {
-		return names, id, nil
+		return id, nil
+	}
+	storeDirReads.Add(1)
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return dirID{}, fmt.Errorf("open store %s: %w", dir, err)
 	}
 	for _, name := range names {
 		if !storeEntry(name) {
-			return nil, dirID{}, fmt.Errorf("open store %s: mode %04o lets other users in, and %q in it is not the store's, so it may be a shared directory: not changing it (chmod go= it, or give a directory of its own): %w",
+			return dirID{}, fmt.Errorf("open store %s: mode %04o lets other users in, and %q in it is not the store's, so it may be a shared directory: not changing it (chmod go= it, or give a directory of its own): %w",
 				dir, mode, name, ErrInvalid)
 		}
 	}
 	private := mode &^ 0o077
 	if err := unix.Fchmod(int(f.Fd()), private); err != nil {
-		return nil, dirID{}, fmt.Errorf("open store %s: make it private: %w", dir, err)
+		return dirID{}, fmt.Errorf("open store %s: make it private: %w", dir, err)
 	}
 	log.Warn("store directory was open to other users; made it private", "store", dir, "mode", fmt.Sprintf("%04o", mode), "now", fmt.Sprintf("%04o", private))
-	return names, id, nil
+	return id, nil
 }
 
 // storeEntry reports whether name is one the store itself makes: a
@@ -213,8 +216,9 @@ func staleTempUUID(name string) (string, bool) {
 // both, taken without waiting. A file seen before the locks were taken
 // either belonged to a writer that has finished (it was renamed away, and
 // the remove finds nothing) or to one that died; while the locks are held
-// no writer of that volume can run. Busy locks leave the files to a later
-// Open. Failures only cost disk space and are logged.
+// no writer of that volume can run. Busy locks (the caller's own
+// included) leave the files to a later listing. Failures only cost disk
+// space and are logged.
 func (s *Store) removeStaleTemps(names []string) {
 	var stale []string
 	for _, name := range names {
@@ -399,20 +403,39 @@ func (s *Store) List() ([]*Volume, error) {
 	return vols, nil
 }
 
-// uuids lists the UUIDs of the store's metadata files, without reading them.
+// uuids lists the UUIDs of the store's metadata files, without reading
+// them. It is the one read of the whole store directory (besides
+// openPrivate's of a store it must make private), so it also sweeps the
+// temporary metadata of killed writers it comes across
+// (removeStaleTemps): listing, boot's attach --all, detach --all and
+// doctor pay for a sweep in the read they make anyway, and no call about
+// one volume reads the directory at all.
 func (s *Store) uuids() ([]string, error) {
-	entries, err := os.ReadDir(s.root)
+	storeDirReads.Add(1)
+	f, err := os.Open(s.root)
+	if err != nil {
+		return nil, fmt.Errorf("list store %s: %w", s.root, err)
+	}
+	names, err := f.Readdirnames(-1)
+	f.Close()
 	if err != nil {
 		return nil, fmt.Errorf("list store %s: %w", s.root, err)
 	}
 	var out []string
-	for _, e := range entries {
-		if uuid, ok := strings.CutSuffix(e.Name(), metaExt); ok && ValidUUID(uuid) {
+	for _, name := range names {
+		if uuid, ok := strings.CutSuffix(name, metaExt); ok && ValidUUID(uuid) {
 			out = append(out, uuid)
 		}
 	}
+	sort.Strings(out)
+	s.removeStaleTemps(names)
 	return out, nil
 }
+
+// storeDirReads counts the reads of a whole store directory this process
+// made (uuids, openPrivate): tests hold the calls about one volume to
+// none.
+var storeDirReads atomic.Int64
 
 // Get resolves a volume by UUID or name; a broken volume (by its UUID) is
 // returned in state broken. Operations re-read the metadata under the

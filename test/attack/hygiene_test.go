@@ -76,7 +76,7 @@ func TestKilledCreateLeavesNoMkfs(t *testing.T) {
 	}
 }
 
-// Temporary metadata files a crash left are cleaned when the store opens.
+// Temporary metadata files a crash left are cleaned when the store is listed.
 func TestStaleTempFilesCleaned(t *testing.T) {
 	t.Parallel()
 	c := newCase(t)
@@ -92,6 +92,6 @@ func TestStaleTempFilesCleaned(t *testing.T) {
 	}
 	c.expectCode(c.sv(s, "list"), 0)
 	if _, err := os.Lstat(stale); err == nil {
-		t.Errorf("%s is still there after the store was opened", stale)
+		t.Errorf("%s is still there after the store was listed", stale)
 	}
 }
