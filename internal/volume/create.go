@@ -273,6 +273,7 @@ func (s *Store) reserve(req CreateRequest) (*Volume, error) {
 	if err := s.putMeta(v, fsutil.FlushNone); err != nil {
 		return nil, err
 	}
+	s.noteName(v.Name, v.UUID)
 	return v, nil
 }
 
@@ -448,6 +449,9 @@ func (s *Store) rollback(v *Volume, cause error) error {
 	}
 	if err == nil {
 		err = s.removeMeta(v.UUID)
+	}
+	if err == nil {
+		s.forgetName(v.Name, v.UUID)
 	}
 	if err != nil {
 		s.log.Warn("create failed and was not rolled back", "volume", v.Name, "uuid", v.UUID, "error", err)

@@ -76,6 +76,7 @@ func (s *Store) delete(ref string, opts DetachOptions) error {
 		if err := s.removeMeta(v.UUID); err != nil {
 			return err
 		}
+		s.forgetName(v.Name, v.UUID)
 		s.log.Info("volume deleted", "volume", v.Name, "uuid", v.UUID)
 		return nil
 	})

@@ -440,6 +440,9 @@ var storeDirReads atomic.Int64
 // Get resolves a volume by UUID or name; a broken volume (by its UUID) is
 // returned in state broken. Operations re-read the metadata under the
 // volume's lock (withVolume) and so refuse a broken volume with ErrBroken.
+// A UUID, and a name whose hint holds (see nameDir), cost one metadata
+// file whatever the size of the store; only a name without a good hint
+// (or of no volume) reads them all.
 func (s *Store) Get(ref string) (*Volume, error) {
 	if ref == "" {
 		return nil, fmt.Errorf("empty volume reference: %w", ErrInvalid)
@@ -450,12 +453,16 @@ func (s *Store) Get(ref string) (*Volume, error) {
 			return v, err
 		}
 	}
+	if v := s.byName(ref); v != nil {
+		return v, nil
+	}
 	vols, err := s.List()
 	if err != nil {
 		return nil, err
 	}
 	for _, v := range vols {
 		if v.Name == ref {
+			s.noteName(v.Name, v.UUID)
 			return v, nil
 		}
 	}
