@@ -3,6 +3,8 @@ package volume
 import (
 	"os"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sparsevol/sparsevol/internal/loop"
 )
 
@@ -88,10 +90,43 @@ func (s *Store) Statuses() ([]*Status, error) {
 	return out, nil
 }
 
+// statusOf reports v with its devices. Where ownDevices settles them it
+// costs the same whatever the number of bound devices; otherwise it looks
+// at every bound device (loop.Bound).
 func (s *Store) statusOf(v *Volume) *Status {
 	ids := s.backingIDs(v)
+	if ours, ok := s.ownDevices(v, ids); ok {
+		return s.statusFound(v, ids, map[loop.FileID][]*loop.Device{ids[0]: ours}, nil)
+	}
 	bound, _ := loop.Bound(ids...)
 	return s.statusFound(v, ids, bound, nil)
+}
+
+// ownDevices finds v's devices without a look at every bound device, where
+// that settles it (ok): the device v's link names, proven v's (what attach
+// last published for v), or none at all when v's backing file is open
+// nowhere else (loop.Unshared). ids is backingIDs(v); a file replaced
+// under a device (two identities) or one that cannot be opened is left to
+// the scan. Devices someone else bound beside v's own are refused when
+// v's device is bound and by detach and delete, and reported by
+// Statuses (list, doctor), which scan once for all; they are not looked
+// for here.
+func (s *Store) ownDevices(v *Volume, ids []loop.FileID) (ours []*loop.Device, ok bool) {
+	if len(ids) != 1 {
+		return nil, false
+	}
+	if d := linkedDevice(v.UUID); d != nil && d.Backing == ids[0] && v.owner(d.Backing).Check(d) == nil {
+		return []*loop.Device{d}, true
+	}
+	fd, id, err := s.openBacking(v.UUID, unix.O_RDONLY)
+	if err != nil {
+		return nil, false
+	}
+	defer unix.Close(fd)
+	if id != ids[0] || !s.unshared(v, fd) {
+		return nil, false
+	}
+	return nil, true
 }
 
 // statusFound is status for devices found by loop.Bound: v's own, and the
