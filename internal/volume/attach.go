@@ -212,10 +212,14 @@ func (s *Store) keep(v *Volume, d *loop.Device) (*loop.Device, error) {
 	return nil, fmt.Errorf("attach %s: %w", v.Name, err)
 }
 
-// bind binds the open backing file fd (from openBacking) to a new device.
+// bind binds the open backing file fd (from openBacking) to a new device,
+// trying first the one v's last detach freed (lastDevice). The caller
+// holds v's lock.
 func (s *Store) bind(v *Volume, fd int) (*loop.Device, error) {
 	s.keepThick(v, fd) // trim.go: undo discards that punched holes into a thick volume
-	dev, err := loop.Attach(fd, s.attachOptions(v))
+	opts := s.attachOptions(v)
+	opts.Prefer = s.lastDevice(v.UUID)
+	dev, err := loop.Attach(fd, opts)
 	if err != nil {
 		return nil, fmt.Errorf("attach %s: %w", v.Name, err)
 	}
@@ -735,6 +739,7 @@ func (s *Store) detachOwn(v *Volume, d *loop.Device) error {
 	case err == nil, errors.Is(err, loop.ErrNotAttached):
 		s.log.Info("volume detached", "volume", v.Name, "uuid", v.UUID, "device", d.Path)
 		s.removeLimits(v, d)
+		s.noteDetached(v.UUID, d)
 		return nil
 	case errors.Is(err, loop.ErrDeferred):
 		// Going away at the opener's last close: no longer published.
@@ -754,6 +759,50 @@ func (s *Store) orphaned(v *Volume, ours []*loop.Device) error {
 	return fmt.Errorf("its backing file %s is gone and %s still holds the data; copy it back with `sparsevol recover %s` (or detach with --force to lose it): %w",
 		v.BackingFile, ours[0].Path, v.UUID, ErrOrphaned)
 }
+
+// lastDevice is the device the last detach of the volume uuid freed, as
+// noteDetached recorded it in the volume's lock file; "" if none. The
+// caller holds the volume's lock. What the file says is a hint for
+// loop.Attach (AttachOptions.Prefer), which proves it free and verifies
+// the binding: it is never trusted.
+func (s *Store) lastDevice(uuid string) string {
+	fd, err := unix.Open(filepath.Join(s.root, lockDir, uuid), unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return ""
+	}
+	defer unix.Close(fd)
+	var buf [deviceNoteSize]byte
+	n, err := unix.Read(fd, buf[:])
+	if err != nil || n <= 0 {
+		return ""
+	}
+	return strings.TrimSpace(string(buf[:n]))
+}
+
+// noteDetached records in the volume's lock file (which exists while the
+// caller holds that lock) the device d its detach just freed: the
+// volume's next bind tries it first, sparing the kernel's walk for a
+// free device (see lastDevice). Best effort, no flush: a lost note costs
+// that walk. The record has a fixed width and overwrites the last one in
+// place: truncating a file and writing it again makes ext4 flush it at
+// close (auto_da_alloc), which would cost every detach a disk write.
+func (s *Store) noteDetached(uuid string, d *loop.Device) {
+	var rec [deviceNoteSize]byte
+	if len(d.Path) >= len(rec) {
+		return
+	}
+	fd, err := unix.Open(filepath.Join(s.root, lockDir, uuid), unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	n := copy(rec[:], d.Path)
+	copy(rec[n:], strings.Repeat(" ", len(rec)-n-1)+"\n")
+	unix.Pwrite(fd, rec[:], 0)
+	unix.Close(fd)
+}
+
+// deviceNoteSize is the width of noteDetached's record.
+const deviceNoteSize = 32
 
 func linkPath(uuid string) string { return filepath.Join(LinkDir, uuid) }
 

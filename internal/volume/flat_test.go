@@ -4,7 +4,15 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/loop"
+	"github.com/sparsevol/sparsevol/internal/testutil"
 )
 
 // TestPerVolumeCallsScanNothing: a call about one volume costs the same
@@ -89,4 +97,95 @@ func wantDetached(st *Status, err error) error {
 		err = fmt.Errorf("status of a detached volume: %+v", st)
 	}
 	return err
+}
+
+// TestAttachTriesFreedDevice: attach binds the device the note in the
+// volume's lock file names (what its last detach freed) if it is free,
+// and whatever the note says instead (another file's device, no loop
+// device, garbage), the volume ends on a device proven its own and
+// nothing else is touched.
+func TestAttachTriesFreedDevice(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name string
+		// note returns what to write over detach's note ("": keep it)
+		// and whether attach must bind the device it names.
+		note func(t *testing.T) (string, bool)
+	}{
+		{"as detach left it", func(*testing.T) (string, bool) { return "", false }},
+		{"a free device far up", func(t *testing.T) (string, bool) { return spareDevice(t), true }},
+		{"another file's device", func(t *testing.T) (string, bool) {
+			other := filepath.Join(t.TempDir(), "other")
+			mustDo(t, os.WriteFile(other, make([]byte, 1<<20), 0o600))
+			return testutil.Losetup(t, other), false
+		}},
+		{"no loop device", func(*testing.T) (string, bool) { return "/dev/null", false }},
+		{"garbage", func(*testing.T) (string, bool) { return "\x00\xff../../loop1\n", false }},
+		{"too long", func(*testing.T) (string, bool) { return "/dev/loop" + strings.Repeat("9", 100), false }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newStore(t, Options{})
+			v := mustCreate(t, s, CreateRequest{Name: "v", SizeBytes: 1 << 20, Mode: ModeBlock, NoPartition: true})
+			t.Cleanup(func() { os.Remove(linkPath(v.UUID)) })
+			if _, err := s.Attach(ctx, v.UUID); err != nil {
+				t.Fatal(err)
+			}
+			mustDo(t, s.Detach(v.UUID, DetachOptions{}))
+			note, used := tt.note(t)
+			var foreign *loop.Device
+			if note != "" {
+				mustDo(t, os.WriteFile(filepath.Join(s.Root(), lockDir, v.UUID), []byte(note), 0o600))
+				foreign, _ = loop.Get(note)
+			}
+			st, err := s.Attach(ctx, v.UUID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { mustDo(t, s.Detach(v.UUID, DetachOptions{})) })
+			dev, err := loop.Get(st.Device)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := v.owner(dev.Backing).Check(dev); err != nil || dev.Backing != v.backingID() {
+				t.Fatalf("attached %s, not proven the volume's: %v", st.Device, err)
+			}
+			if used && st.Device != note {
+				t.Errorf("attached %s, not %s which the note names and which was free", st.Device, note)
+			}
+			if foreign != nil {
+				if d, err := loop.Get(foreign.Path); err != nil || d.Backing != foreign.Backing || d.Tag != foreign.Tag {
+					t.Errorf("%s was %+v, is %+v, %v", foreign.Path, foreign, d, err)
+				}
+			}
+		})
+	}
+}
+
+// spareDevice adds an unbound loop device far above the existing ones,
+// which no search for a free device reaches, and removes it at cleanup.
+func spareDevice(t *testing.T) string {
+	t.Helper()
+	highest := 0
+	entries, _ := os.ReadDir("/sys/block")
+	for _, e := range entries {
+		if n, err := strconv.Atoi(strings.TrimPrefix(e.Name(), "loop")); err == nil && strings.HasPrefix(e.Name(), "loop") {
+			highest = max(highest, n)
+		}
+	}
+	n := highest + 1000
+	ctl := func(req uint) error {
+		fd, err := unix.Open(loop.ControlPath, unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(req), uintptr(n)); errno != 0 {
+			return errno
+		}
+		return nil
+	}
+	mustDo(t, ctl(unix.LOOP_CTL_ADD))
+	t.Cleanup(func() { ctl(unix.LOOP_CTL_REMOVE) })
+	return "/dev/loop" + strconv.Itoa(n)
 }

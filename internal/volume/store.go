@@ -266,7 +266,8 @@ func (s *Store) metaPath(uuid string) string    { return filepath.Join(s.root, u
 func (s *Store) backingPath(uuid string) string { return filepath.Join(s.root, uuid) }
 
 // lock takes an exclusive flock on <root>/.locks/<name>. The returned
-// function releases it. Locks are released by the kernel if the process
+// function releases it. A volume's lock file also holds the note of the
+// device its last detach freed (noteDetached). Locks are released by the kernel if the process
 // dies, which is what makes a killed CLI safe to rerun.
 func (s *Store) lock(name string) (func(), error) { return s.flock(name, unix.LOCK_EX) }
 
