@@ -182,14 +182,13 @@ func Detach(path string, owner Owner) error {
 	if err != nil {
 		return err
 	}
-	if users := Users(n); len(users) > 0 {
-		return fmt.Errorf("detach %s: %w by %s", path, ErrBusy, strings.Join(users, ", "))
-	}
 	// O_EXCL on a block device fails with EBUSY while it (or one of its
-	// partitions) is mounted or claimed, without disturbing the holder.
+	// partitions) is mounted or claimed, without disturbing the holder:
+	// the one check, whatever the number of mounts and devices. Who
+	// holds it is looked up only to say so.
 	fd, _, err := openBound(path, unix.O_RDONLY|unix.O_EXCL, &owner)
 	if errors.Is(err, unix.EBUSY) {
-		return fmt.Errorf("detach %s: %w (opened exclusively: a mount in another mount namespace, a running mkfs or fsck, or another device)", path, ErrBusy)
+		return fmt.Errorf("detach %s: %w", path, exclusiveUsers(n))
 	}
 	if err != nil {
 		return fmt.Errorf("detach %s: %w", path, err)

@@ -21,17 +21,11 @@ func Busy(path string) error {
 	if err != nil {
 		return err
 	}
-	users := Users(n)
-	if len(users) == 0 {
-		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_EXCL|unix.O_CLOEXEC, 0)
-		if errors.Is(err, unix.EBUSY) {
-			users = append(users, "an exclusive open (a mount in another mount namespace, a running mkfs or fsck, or device-mapper)")
-		} else if err == nil {
-			unix.Close(fd)
-		}
-	}
-	if len(users) > 0 {
-		return fmt.Errorf("%s: %w by %s", path, ErrBusy, strings.Join(users, ", "))
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_EXCL|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.EBUSY) {
+		return fmt.Errorf("%s: %w", path, exclusiveUsers(n))
+	} else if err == nil {
+		unix.Close(fd)
 	}
 	// Processes that merely have it open are often passing through (udev's
 	// probe, a `losetup -l`): give them a moment before calling it busy.
@@ -43,6 +37,16 @@ func Busy(path string) error {
 		time.Sleep(deferredPoll)
 	}
 	return fmt.Errorf("%s: %w by %s", path, ErrBusy, strings.Join(holders, ", "))
+}
+
+// exclusiveUsers is the ErrBusy error for /dev/loopN, which an O_EXCL open
+// found claimed: it names the mounts and holder devices Users finds, or
+// says what else claims a device.
+func exclusiveUsers(n int) error {
+	if users := Users(n); len(users) > 0 {
+		return fmt.Errorf("%w by %s", ErrBusy, strings.Join(users, ", "))
+	}
+	return fmt.Errorf("%w by an exclusive open (a mount in another mount namespace, a running mkfs or fsck, or another device)", ErrBusy)
 }
 
 // Users names what keeps /dev/loopN (or one of its partitions) in use in a
