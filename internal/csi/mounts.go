@@ -147,6 +147,9 @@ func describeMount(m *mountinfo.Info) string {
 // unmountOwned unmounts the mounts stacked at path from the top for as
 // long as each is the volume's (uses.owns), and leaves alone the first one
 // that is not, returning it as foreign. unmounted counts what it took away.
+// Each unmount is umount(2) itself, what umount(8) would call, without a
+// process; EINVAL (nothing mounted there any more) is no error, as
+// umount(8)'s "not mounted" is none to mount-utils.
 func (d *Driver) unmountOwned(path string, uses usesOf) (unmounted int, foreign *mountinfo.Info, err error) {
 	for range 8 {
 		top, ok, err := topMount(path)
@@ -156,7 +159,7 @@ func (d *Driver) unmountOwned(path string, uses usesOf) (unmounted int, foreign 
 		if !uses.owns(top) {
 			return unmounted, top, nil
 		}
-		if err := d.mounter.Unmount(path); err != nil {
+		if err := unix.Unmount(path, 0); err != nil && !errors.Is(err, unix.EINVAL) {
 			return unmounted, nil, fmt.Errorf("unmount %s: %w", path, err)
 		}
 		unmounted++
