@@ -68,6 +68,32 @@ func (s *Store) backingIDs(v *Volume) []loop.FileID {
 	return ids
 }
 
+// boundTo is loop.Bound(ids...) for v (ids is backingIDs(v)), without the
+// look at every bound device where the answer is known: the file has the
+// one identity recorded and is open nowhere else (unboundFile), so no
+// device holds it. The caller holds v's lock.
+func (s *Store) boundTo(v *Volume, ids []loop.FileID) (map[loop.FileID][]*loop.Device, error) {
+	if s.unboundFile(v, ids) {
+		return map[loop.FileID][]*loop.Device{}, nil
+	}
+	return loop.Bound(ids...)
+}
+
+// unboundFile reports whether no loop device can hold v's backing file:
+// ids (backingIDs) is the one identity of the file there now, and it is
+// open nowhere else (loop.Unshared). false where that is not proven.
+func (s *Store) unboundFile(v *Volume, ids []loop.FileID) bool {
+	if len(ids) != 1 {
+		return false // gone, or replaced under a device of the old file
+	}
+	fd, id, err := s.openBacking(v.UUID, unix.O_RDONLY)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	return id == ids[0] && s.unshared(v, fd)
+}
+
 // foreignError refuses an operation on v because of devices someone else
 // bound to its backing file.
 func foreignError(op string, v *Volume, foreign []*loop.Device) error {

@@ -152,7 +152,7 @@ func (s *Store) Change(ref string, ch Change) (*Status, error) {
 			return fmt.Errorf("change %s: state %s: %w", v.Name, v.State, ErrNotReady)
 		}
 		ids := s.backingIDs(v)
-		bound, err := loop.Bound(ids...)
+		bound, err := s.boundTo(v, ids)
 		if err != nil {
 			return fmt.Errorf("change %s: %w", v.Name, err)
 		}

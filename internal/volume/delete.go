@@ -36,7 +36,7 @@ func (s *Store) delete(ref string, opts DetachOptions) error {
 	return s.withVolume(ref, func(v *Volume) error {
 		s.cleanupTempMount(v) // left by an expansion that crashed
 		ids := s.backingIDs(v)
-		bound, err := loop.Bound(ids...)
+		bound, err := s.boundTo(v, ids)
 		if err != nil {
 			return fmt.Errorf("delete %s: %w", v.Name, err)
 		}
@@ -89,7 +89,7 @@ func (s *Store) InUse(ref string) error {
 	return s.withVolume(ref, func(v *Volume) error {
 		s.cleanupTempMount(v) // ours, left by an expansion that crashed
 		ids := s.backingIDs(v)
-		bound, err := loop.Bound(ids...)
+		bound, err := s.boundTo(v, ids)
 		if err != nil {
 			return fmt.Errorf("volume %s: %w", v.Name, err)
 		}

@@ -17,7 +17,8 @@ import (
 
 // TestPerVolumeCallsScanNothing: a call about one volume costs the same
 // whatever the size of the store and the number of bound devices: it
-// reads no store directory and lists no bound loop devices. The store
+// reads no store directory and lists no bound loop devices (a change,
+// in-use check or delete of a detached volume included). The store
 // holds other volumes, some attached, and an unrelated broken metadata
 // file a listing would have to read.
 func TestPerVolumeCallsScanNothing(t *testing.T) {
@@ -31,6 +32,7 @@ func TestPerVolumeCallsScanNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	v := mustCreate(t, s, CreateRequest{Name: "v", SizeBytes: 1 << 20, Mode: ModeBlock, NoPartition: true})
+	gone := mustCreate(t, s, CreateRequest{Name: "gone", SizeBytes: 1 << 20, Mode: ModeBlock, NoPartition: true})
 	poison := s.metaPath(NewUUID())
 	t.Cleanup(func() {
 		os.Remove(poison)
@@ -59,6 +61,12 @@ func TestPerVolumeCallsScanNothing(t *testing.T) {
 		{"status, detached", func() error { return wantDetached(s.Status(v.UUID)) }},
 		{"attach after a detach", func() error { _, err := s.Attach(ctx, v.UUID); return err }},
 		{"detach by uuid", func() error { return s.Detach(v.UUID, DetachOptions{}) }},
+		{"in use, detached", func() error { return s.InUse(v.Name) }},
+		{"change, detached", func() error {
+			_, err := s.Change(v.Name, Change{Labels: map[string]string{"k": "v"}})
+			return err
+		}},
+		{"delete, detached", func() error { return s.Delete(ctx, gone.Name, DetachOptions{}) }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

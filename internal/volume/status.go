@@ -3,8 +3,6 @@ package volume
 import (
 	"os"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/sparsevol/sparsevol/internal/loop"
 )
 
@@ -105,7 +103,7 @@ func (s *Store) statusOf(v *Volume) *Status {
 // ownDevices finds v's devices without a look at every bound device, where
 // that settles it (ok): the device v's link names, proven v's (what attach
 // last published for v), or none at all when v's backing file is open
-// nowhere else (loop.Unshared). ids is backingIDs(v); a file replaced
+// nowhere else (unboundFile). ids is backingIDs(v); a file replaced
 // under a device (two identities) or one that cannot be opened is left to
 // the scan. Devices someone else bound beside v's own are refused when
 // v's device is bound and by detach and delete, and reported by
@@ -118,15 +116,7 @@ func (s *Store) ownDevices(v *Volume, ids []loop.FileID) (ours []*loop.Device, o
 	if d := linkedDevice(v.UUID); d != nil && d.Backing == ids[0] && v.owner(d.Backing).Check(d) == nil {
 		return []*loop.Device{d}, true
 	}
-	fd, id, err := s.openBacking(v.UUID, unix.O_RDONLY)
-	if err != nil {
-		return nil, false
-	}
-	defer unix.Close(fd)
-	if id != ids[0] || !s.unshared(v, fd) {
-		return nil, false
-	}
-	return nil, true
+	return nil, s.unboundFile(v, ids)
 }
 
 // statusFound is status for devices found by loop.Bound: v's own, and the
