@@ -29,6 +29,8 @@ type usesOf struct {
 	fs       devNum // the device itself (its filesystem's mounts show it)
 	nodeDev  devNum // the filesystem holding the device node (devtmpfs)
 	nodeRoot string // the node's path inside that filesystem; "" if unknown
+
+	table []*mountinfo.Info // the mount table read, nil if none was
 }
 
 // deviceUses reads the mount table for the uses of dev. An empty dev (no
@@ -46,7 +48,7 @@ func deviceUses(dev string) (usesOf, error) {
 	if err != nil {
 		return u, fmt.Errorf("read the mount table: %w", err)
 	}
-	u.known, u.fs, u.nodeDev = true, devNumOf(node.Rdev), devNumOf(node.Dev)
+	u.known, u.fs, u.nodeDev, u.table = true, devNumOf(node.Rdev), devNumOf(node.Dev), infos
 	// The device node's path inside the filesystem that holds it (devtmpfs):
 	// a bind mount of the node shows that path as its root.
 	best := -1
@@ -112,6 +114,12 @@ func topMount(path string) (*mountinfo.Info, bool, error) {
 	if err != nil {
 		return nil, false, fmt.Errorf("read the mount table: %w", err)
 	}
+	m, ok := topMountIn(infos, path)
+	return m, ok, nil
+}
+
+// topMountIn is topMount in a mount table read already.
+func topMountIn(infos []*mountinfo.Info, path string) (*mountinfo.Info, bool) {
 	var at []*mountinfo.Info
 	for _, m := range infos {
 		if m.Mountpoint == path {
@@ -127,16 +135,22 @@ func topMount(path string) (*mountinfo.Info, bool, error) {
 			}
 		}
 		if !covered {
-			return m, true, nil
+			return m, true
 		}
 	}
-	return nil, false, nil
+	return nil, false
 }
 
-// isMountPoint reports whether path is a mount point, by mountinfo.
-func isMountPoint(path string) (bool, error) {
-	_, ok, err := topMount(canonical(path))
-	return ok, err
+// isMountPoint reports whether path is a mount point, by the mount table
+// deviceUses read for u (one read for both questions), or by a table read
+// now where it read none.
+func (u usesOf) isMountPoint(path string) (bool, error) {
+	if u.table == nil {
+		_, ok, err := topMount(canonical(path))
+		return ok, err
+	}
+	_, ok := topMountIn(u.table, canonical(path))
+	return ok, nil
 }
 
 // describeMount names a mount for messages: what it is and from where.

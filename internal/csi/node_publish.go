@@ -53,7 +53,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	if c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER && len(published) > 0 {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is single-writer and already published at %v", id, published)
 	}
-	if mp, err := isMountPoint(target); err != nil {
+	if mp, err := uses.isMountPoint(target); err != nil {
 		return nil, status.Errorf(codes.Internal, "volume %s: %v", id, err)
 	} else if mp {
 		return nil, status.Errorf(codes.AlreadyExists, "target path %s holds a mount of something else than volume %s", target, id)

@@ -70,7 +70,7 @@ func (d *Driver) stageDevice(ctx context.Context, v *volume.Volume, c *csi.Volum
 	if containsPath(uses.fsMounts, staging) {
 		return false, nil
 	}
-	if mp, err := isMountPoint(staging); err != nil {
+	if mp, err := uses.isMountPoint(staging); err != nil {
 		return false, status.Errorf(codes.Internal, "volume %s: %v", v.UUID, err)
 	} else if mp {
 		return false, status.Errorf(codes.AlreadyExists, "staging path %s holds a mount of another device than %s of volume %s", staging, st.DataDevice, v.UUID)
