@@ -94,6 +94,11 @@ type Device struct {
 	// starts and how much of it it shows (0: to the end).
 	Offset    uint64
 	SizeLimit uint64
+	// DiskSeq is the kernel's disk sequence number of the binding
+	// (BLKGETDISKSEQ): every bind takes a new one, never reused until
+	// reboot, so it names this binding and no later one. 0 where the
+	// kernel has none (before 5.15).
+	DiskSeq uint64
 }
 
 // DirectIO reports whether the kernel performs direct I/O on the backing file.
@@ -169,8 +174,15 @@ func status(fd, n int) (*Device, error) {
 	if err := ioctlPtr(fd, unix.BLKGETSIZE64, &size); err == nil {
 		dev.Bytes = size
 	}
+	var seq uint64
+	if err := ioctlPtr(fd, blkGetDiskSeq, &seq); err == nil {
+		dev.DiskSeq = seq
+	}
 	return dev, nil
 }
+
+// blkGetDiskSeq is BLKGETDISKSEQ, _IOR(0x12, 128, __u64).
+const blkGetDiskSeq = 0x80081280
 
 // Detach unbinds path, but only if it is provably owner's (Owner.Check).
 // A device that is mounted, held by another device or opened

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"unsafe"
@@ -715,4 +716,31 @@ func spareDevice(t *testing.T) string {
 		}
 	})
 	return devicePath(n)
+}
+
+// Every bind takes a disk sequence number of its own, the one sysfs shows
+// for the device while it is bound: the udev identity of a volume is keyed
+// by it (volume/udevid.go), so a number must name one binding only.
+func TestDiskSeqNamesTheBinding(t *testing.T) {
+	testutil.RequireRoot(t)
+	path, _ := backingFile(t, 16<<20)
+	first := attach(t, path, AttachOptions{Tag: "sparsevol:seq"})
+	if first.DiskSeq == 0 {
+		t.Fatal("bound device has no disk sequence number (BLKGETDISKSEQ)")
+	}
+	sys, ok := readSysString("/sys/block/"+filepath.Base(first.Path)+"/diskseq", make([]byte, 32))
+	if !ok || sys != strconv.FormatUint(first.DiskSeq, 10) {
+		t.Fatalf("sysfs diskseq of %s = %q, device says %d", first.Path, sys, first.DiskSeq)
+	}
+	got, err := Get(first.Path)
+	if err != nil || got.DiskSeq != first.DiskSeq {
+		t.Fatalf("Get(%s).DiskSeq = %v, %v; want %d", first.Path, got, err, first.DiskSeq)
+	}
+	if err := Detach(first.Path, ownerOf(first)); err != nil {
+		t.Fatal(err)
+	}
+	again := attach(t, path, AttachOptions{Tag: "sparsevol:seq"})
+	if again.DiskSeq <= first.DiskSeq {
+		t.Fatalf("rebinding %s gave disk sequence %d after %d: a number must not be reused", path, again.DiskSeq, first.DiskSeq)
+	}
 }
