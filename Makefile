@@ -2,6 +2,7 @@
 PREFIX   ?= /usr/local
 BINDIR   ?= $(PREFIX)/bin
 UNITDIR  ?= /etc/systemd/system
+UDEVDIR  ?= /etc/udev/rules.d
 MANDIR   ?= $(PREFIX)/share/man
 STORE    ?= /var/lib/sparsevol
 DESTDIR  ?=
@@ -79,21 +80,23 @@ fuzz:
 		grep -E '^fuzz: elapsed' $$log | tail -1; \
 	done
 
-# The binary, its manual pages, and what `sparsevol units install` writes
-# (the units for $(BINDIR)/sparsevol and $(STORE), the boot generator link
-# beside UNITDIR): the binary renders its own units, nothing here edits
-# them. With DESTDIR (a root being staged) systemd is not reloaded.
+# The binary, its manual pages, the udev rule (deploy/udev), and what
+# `sparsevol units install` writes (the units for $(BINDIR)/sparsevol and
+# $(STORE), the boot generator link beside UNITDIR): the binary renders its
+# own units, nothing here edits them. With DESTDIR (a root being staged)
+# systemd is not reloaded.
 install: build man
 	install -D -m 0755 bin/sparsevol $(DESTDIR)$(BINDIR)/sparsevol
 	install -d -m 0755 $(DESTDIR)$(MANDIR)/man8
 	install -m 0644 bin/man/*.8 $(DESTDIR)$(MANDIR)/man8/
+	install -D -m 0644 deploy/udev/59-sparsevol.rules $(DESTDIR)$(UDEVDIR)/59-sparsevol.rules
 	bin/sparsevol --root $(STORE) --unit-dir $(DESTDIR)$(UNITDIR) units install \
 		--binary $(BINDIR)/sparsevol $(if $(DESTDIR),--offline)
 	install -d -m 0700 $(DESTDIR)$(STORE)
 
 uninstall: build
 	bin/sparsevol --unit-dir $(DESTDIR)$(UNITDIR) units uninstall $(if $(DESTDIR),--offline)
-	rm -f $(DESTDIR)$(BINDIR)/sparsevol
+	rm -f $(DESTDIR)$(BINDIR)/sparsevol $(DESTDIR)$(UDEVDIR)/59-sparsevol.rules
 	rm -f $(DESTDIR)$(MANDIR)/man8/sparsevol.8 $(DESTDIR)$(MANDIR)/man8/sparsevol-*.8
 
 # The node packages, bin/packages/sparsevol_<version>_amd64.deb and
@@ -107,7 +110,7 @@ PKGROOT ?= $(CURDIR)/bin/pkgroot
 PKGDIR  ?= $(CURDIR)/bin/packages
 packages:
 	rm -rf $(PKGROOT) $(PKGDIR)
-	$(MAKE) --no-print-directory install DESTDIR=$(PKGROOT) PREFIX=/usr UNITDIR=/usr/lib/systemd/system STORE=/var/lib/sparsevol
+	$(MAKE) --no-print-directory install DESTDIR=$(PKGROOT) PREFIX=/usr UNITDIR=/usr/lib/systemd/system UDEVDIR=/usr/lib/udev/rules.d STORE=/var/lib/sparsevol
 	$(GO) -C tools/packages run . -root $(PKGROOT) -scripts $(CURDIR)/deploy/packages \
 		-version '$(VERSION)' -mtime $(SOURCE_DATE_EPOCH) -out $(PKGDIR)
 

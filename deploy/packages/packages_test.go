@@ -99,6 +99,7 @@ var wantFiles = map[string]entry{
 	"/usr/lib/systemd/system/sparsevol-boot.service":         {mode: 0o644},
 	"/usr/lib/systemd/system/sparsevol-boot-done.service":    {mode: 0o644},
 	"/usr/lib/systemd/system-generators/sparsevol-generator": {mode: fs.ModeSymlink | 0o777, link: "/usr/bin/sparsevol"},
+	"/usr/lib/udev/rules.d/59-sparsevol.rules":               {mode: 0o644},
 	"/usr/share/man/man8/sparsevol.8":                        {mode: 0o644},
 	"/usr/share/man/man8/sparsevol-create.8":                 {mode: 0o644},
 }

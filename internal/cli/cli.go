@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sparsevol/sparsevol/internal/iolimit"
+	"github.com/sparsevol/sparsevol/internal/loop"
 	"github.com/sparsevol/sparsevol/internal/systemd"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
@@ -83,6 +84,7 @@ func (g *globals) storeOptions() volume.Options {
 		OvercommitRatio: g.overcommit,
 		UdevTimeout:     g.udevWait,
 		AttachedDir:     g.attachedDir(),
+		UdevIdentityDir: g.udevIdentityDir(),
 		Logger:          g.logger(),
 		Lifecycle:       g.lifecycle(),
 		IOLimits:        g.ioLimits,
@@ -105,6 +107,15 @@ func (g *globals) attachedDir() string {
 		return ""
 	}
 	return g.units().AttachedDir()
+}
+
+// udevIdentityDir is where attach leaves volumes' identities for udev's
+// rule: where udev runs, or where --run-dir asks.
+func (g *globals) udevIdentityDir() string {
+	if g.runDir == "" && !loop.UdevRunning() {
+		return ""
+	}
+	return g.units().UdevIdentityDir()
 }
 
 func (g *globals) units() systemd.Manager {

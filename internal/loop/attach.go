@@ -266,6 +266,11 @@ func flock(fd, how int) error {
 type AttachRequest struct {
 	FD      int
 	Options AttachOptions
+	// Bound, if set, is called with the device as soon as it is bound and
+	// proven, by the worker that bound it, while AttachMany still binds
+	// others: what the caller leaves for udev's event of the bind is
+	// there as early as it can be.
+	Bound func(*Device)
 }
 
 // AttachResult is the outcome of one AttachRequest, at the same index.
@@ -309,16 +314,24 @@ func AttachMany(reqs []AttachRequest, workers int) []AttachResult {
 	}
 
 	parallel.For(len(reqs), workers, func(i int) {
-		results[i] = attachNumber(control, numbers[i], reqs[i])
+		results[i] = reqs[i].bound(attachNumber(control, numbers[i], reqs[i]))
 	})
 
 	// Whatever lost its device to an outsider goes the one-at-a-time way.
 	for i, r := range results {
 		if r.Err != nil && errors.Is(r.Err, unix.EBUSY) {
-			results[i] = attachOne(control, reqs[i])
+			results[i] = reqs[i].bound(attachOne(control, reqs[i]))
 		}
 	}
 	return results
+}
+
+// bound calls req.Bound for a successful result.
+func (req AttachRequest) bound(r AttachResult) AttachResult {
+	if r.Err == nil && req.Bound != nil {
+		req.Bound(r.Device)
+	}
+	return r
 }
 
 // Reserve makes sure at least count unbound loop devices exist, adding the

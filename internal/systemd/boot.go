@@ -63,6 +63,12 @@ type Instance struct {
 // store writes and removes the markers.
 func (m Manager) AttachedDir() string { return filepath.Join(m.runDir(), "attached") }
 
+// UdevIdentityDir is where attach leaves the filesystem identity of the
+// devices it binds, for the udev rule of deploy/udev (which names the
+// default: /run/sparsevol/udev); the volume store writes and removes the
+// files.
+func (m Manager) UdevIdentityDir() string { return filepath.Join(m.runDir(), "udev") }
+
 func (m Manager) runDir() string {
 	if m.RunDir == "" {
 		return DefaultRunDir

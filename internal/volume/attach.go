@@ -190,8 +190,11 @@ func (s *Store) attachDevice(v *Volume) (dev *loop.Device, fresh bool, err error
 	if err := linkTakenBy(v, id, linked); err != nil {
 		return nil, false, err
 	}
-	dev, err = s.bind(v, fd)
-	return dev, err == nil, err
+	if dev, err = s.bind(v, fd); err != nil {
+		return nil, false, err
+	}
+	s.writeIdentity(v, dev)
+	return dev, true, nil
 }
 
 // unshared reports whether v's backing file, open as fd, is open nowhere
@@ -766,9 +769,11 @@ func (s *Store) detachOwn(v *Volume, d *loop.Device) error {
 		s.log.Info("volume detached", "volume", v.Name, "uuid", v.UUID, "device", d.Path)
 		s.removeLimits(v, d)
 		s.noteDetached(v.UUID, d)
+		s.removeIdentity(d)
 		return nil
 	case errors.Is(err, loop.ErrDeferred):
 		// Going away at the opener's last close: no longer published.
+		s.removeIdentity(d)
 		return fmt.Errorf("detach %s: %w", v.Name, err)
 	case errors.Is(err, loop.ErrBusy):
 		return fmt.Errorf("detach %s: %w: %w", v.Name, ErrBusy, err)

@@ -17,7 +17,8 @@ func (s *Store) bindMany(vols []*Volume, fds map[*Volume]int) (map[*Volume]*loop
 	reqs := make([]loop.AttachRequest, len(vols))
 	for i, v := range vols {
 		s.keepThick(v, fds[v])
-		reqs[i] = loop.AttachRequest{FD: fds[v], Options: s.attachOptions(v)}
+		reqs[i] = loop.AttachRequest{FD: fds[v], Options: s.attachOptions(v),
+			Bound: func(d *loop.Device) { s.writeIdentity(v, d) }}
 	}
 	devs := make(map[*Volume]*loop.Device, len(vols))
 	var errs []error

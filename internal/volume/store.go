@@ -45,6 +45,11 @@ type Options struct {
 	// that a boot starts with none: units started without a process of
 	// their own at boot assert their file (see the systemd package).
 	AttachedDir string
+	// UdevIdentityDir, if set, is where attach leaves the filesystem
+	// identity of the devices it binds for udev to import instead of
+	// probing (udevid.go); the CLI sets /run/sparsevol/udev where udev
+	// runs, the directory deploy/udev's rule reads.
+	UdevIdentityDir string
 	// FreezeTimeout bounds how long a snapshot keeps a mounted
 	// filesystem frozen (and how long it waits for the freeze): beyond it
 	// the filesystem is thawed and the snapshot fails. Default 60 s.

@@ -1,0 +1,41 @@
+package udevrules_test
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/sparsevol/sparsevol/internal/systemd"
+)
+
+const ruleFile = "59-sparsevol.rules"
+
+// The rule reads the files attach writes, keyed by the binding's disk
+// sequence number, and runs before 60-persistent-storage.rules, which
+// probes unless the flag says otherwise.
+func TestIdentityRule(t *testing.T) {
+	b, err := os.ReadFile(ruleFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := string(b)
+	for _, want := range []string{
+		`IMPORT{file}="` + systemd.Manager{}.UdevIdentityDir() + `/$attr{diskseq}"`,
+		`ENV{UDEV_DISABLE_PERSISTENT_STORAGE_BLKID_FLAG}="1"`,
+		`KERNEL!="loop[0-9]*", GOTO="sparsevol_end"`,
+		`TEST!="loop/backing_file", GOTO="sparsevol_end"`,
+	} {
+		if !strings.Contains(rule, want) {
+			t.Errorf("%s lacks %s", ruleFile, want)
+		}
+	}
+	if ruleFile >= "60-persistent-storage.rules" {
+		t.Errorf("%s sorts after 60-persistent-storage.rules: udev would probe first", ruleFile)
+	}
+	// The import and the flag are one rule: no file, no flag.
+	for _, line := range strings.Split(rule, "\n") {
+		if strings.Contains(line, "BLKID_FLAG") && !strings.HasPrefix(line, "IMPORT{file}=") {
+			t.Errorf("the probe is turned off by a rule that does not import the identity: %s", line)
+		}
+	}
+}
