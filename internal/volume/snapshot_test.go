@@ -501,9 +501,27 @@ func TestSnapshotFreezeBounded(t *testing.T) {
 	if entries, _ := os.ReadDir(filepath.Join(s.Root(), snapDir)); len(entries) != 0 {
 		t.Fatalf("left in %s: %v", snapDir, entries)
 	}
-	unix.Unmount(dir, 0)
+	// The late freeze's goroutine holds the mount point open until its
+	// FIFREEZE returns and it has thawed: the unmount may wait for that.
+	unmountEventually(t, dir)
 	if err := s.Delete(ctx, v.Name, DetachOptions{}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// unmountEventually unmounts dir, retrying while it is busy (for up to
+// five seconds), and fails the test if it stays mounted.
+func unmountEventually(t *testing.T, dir string) {
+	t.Helper()
+	var err error
+	for range 100 {
+		if err = unix.Unmount(dir, 0); !errors.Is(err, unix.EBUSY) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("unmount %s: %v", dir, err)
 	}
 }
 
