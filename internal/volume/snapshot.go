@@ -346,7 +346,7 @@ func (s *Store) CreateSnapshotGroup(ctx context.Context, volumeRefs []string, na
 
 // snapshotVolumes snapshots vols (whose locks the caller holds) as
 // names[i]: reserve each (state creating), quiesce all, copy each, release
-// all, mark each ready. A failure removes what this call made and leaves
+// all, flush each copy, mark each ready. A failure removes what this call made and leaves
 // the snapshots that were ready before.
 func (s *Store) snapshotVolumes(ctx context.Context, vols []*Volume, names []string, opts SnapshotOptions) (out []*Snapshot, err error) {
 	sns := make([]*Snapshot, len(vols))
@@ -411,11 +411,18 @@ func (s *Store) snapshotVolumes(ctx context.Context, vols []*Volume, names []str
 		sns[i].Consistency = q.consistency
 	}
 	crashPoint("snapshot:frozen")
+	dsts := make([]int, 0, len(todo))
+	defer func() {
+		for _, fd := range dsts {
+			unix.Close(fd)
+		}
+	}()
 	for _, i := range todo {
-		method, err := s.copyIntoSnapshot(ctx, sns[i], srcs[i], opts.Progress)
+		method, dst, err := s.copyIntoSnapshot(ctx, sns[i], srcs[i], opts.Progress)
 		if err != nil {
 			return nil, err
 		}
+		dsts = append(dsts, dst)
 		sns[i].Method = method
 	}
 	crashPoint("snapshot:copied")
@@ -425,6 +432,12 @@ func (s *Store) snapshotVolumes(ctx context.Context, vols []*Volume, names []str
 		}
 		if q.frozen != nil {
 			s.log.Info("filesystem frozen for snapshot", "mount", q.frozen.path, "held", q.frozen.heldFor())
+		}
+	}
+	// The copies are complete; flushing them needs no frozen source.
+	for k, i := range todo {
+		if err := flushCopy(dsts[k], sns[i].Method); err != nil {
+			return nil, fmt.Errorf("copy into %s: %w", s.snapPath(sns[i].UUID), err)
 		}
 	}
 	for _, i := range todo {
@@ -496,37 +509,36 @@ func (s *Store) reserveSnapshot(v *Volume, name string, opts SnapshotOptions) (*
 }
 
 // copyIntoSnapshot copies the open backing file src into the snapshot's
-// file, made anew (a crashed run's is truncated first).
-func (s *Store) copyIntoSnapshot(ctx context.Context, sn *Snapshot, src int, progress func(done, total int64)) (CopyMethod, error) {
+// file, made anew (a crashed run's is truncated first), and returns it
+// open, not flushed: the caller flushes it (flushCopy) once the source is
+// released, and closes it. The file's name (and a clone on XFS) become
+// durable with the ready record's flush (FlushOnce), which follows.
+func (s *Store) copyIntoSnapshot(ctx context.Context, sn *Snapshot, src int, progress func(done, total int64)) (CopyMethod, int, error) {
 	unlock, err := s.lock(snapLock(sn.UUID))
 	if err != nil {
-		return "", err
+		return "", -1, err
 	}
 	defer unlock()
 	dir, err := s.snapDirFD()
 	if err != nil {
-		return "", err
+		return "", -1, err
 	}
 	defer unix.Close(dir)
 	dst, err := s.createIn(dir, sn.UUID, "snapshot file", s.snapPath(sn.UUID))
 	if err != nil {
-		return "", err
+		return "", -1, err
 	}
-	defer unix.Close(dst)
 	var st unix.Stat_t
 	if err := unix.Fstat(src, &st); err != nil {
-		return "", fmt.Errorf("stat source of snapshot %s: %w", sn.Name, err)
+		unix.Close(dst)
+		return "", -1, fmt.Errorf("stat source of snapshot %s: %w", sn.Name, err)
 	}
 	method, err := copyFile(ctx, dst, src, st.Size, progress)
-	if err == nil {
-		err = flushCopy(dst, method)
-	}
 	if err != nil {
-		return "", fmt.Errorf("copy into %s: %w", s.snapPath(sn.UUID), err)
+		unix.Close(dst)
+		return "", -1, fmt.Errorf("copy into %s: %w", s.snapPath(sn.UUID), err)
 	}
-	// The file's name (and a clone on XFS) become durable with the ready
-	// record's flush (FlushOnce), which follows.
-	return method, nil
+	return method, dst, nil
 }
 
 // createIn makes the file name in dir empty and open for writing: a new
