@@ -417,11 +417,15 @@ func (s *Store) snapshotVolumes(ctx context.Context, vols []*Volume, names []str
 			unix.Close(fd)
 		}
 	}()
-	for _, i := range todo {
+	// How long each copy and each flush took, for the log.
+	copied, flushed := make([]time.Duration, len(todo)), make([]time.Duration, len(todo))
+	for k, i := range todo {
+		start := time.Now()
 		method, dst, err := s.copyIntoSnapshot(ctx, sns[i], srcs[i], opts.Progress)
 		if err != nil {
 			return nil, err
 		}
+		copied[k] = time.Since(start)
 		dsts = append(dsts, dst)
 		sns[i].Method = method
 	}
@@ -436,18 +440,22 @@ func (s *Store) snapshotVolumes(ctx context.Context, vols []*Volume, names []str
 	}
 	// The copies are complete; flushing them needs no frozen source.
 	for k, i := range todo {
+		start := time.Now()
 		if err := flushCopy(dsts[k], sns[i].Method); err != nil {
 			return nil, fmt.Errorf("copy into %s: %w", s.snapPath(sns[i].UUID), err)
 		}
+		flushed[k] = time.Since(start)
 	}
-	for _, i := range todo {
+	for k, i := range todo {
 		sns[i].State = StateReady
 		sns[i].ReadyToUse = true
+		start := time.Now()
 		if err := s.writeSnapMeta(sns[i], fsutil.FlushOnce); err != nil {
 			return nil, err
 		}
 		s.log.Info("snapshot created", "snapshot", sns[i].Name, "uuid", sns[i].UUID, "volume", vols[i].Name,
-			"method", sns[i].Method, "consistency", sns[i].Consistency)
+			"method", sns[i].Method, "consistency", sns[i].Consistency,
+			"copy", copied[k], "flush", flushed[k], "record", time.Since(start))
 	}
 	crashPoint("snapshot:ready")
 	return sns, nil
