@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -167,47 +169,119 @@ func addCopyRows(r *report, section, name, cpFlag string, ours, plain, synced []
 		baseline: "cp " + cpFlag + " && sync FILE " + value(ms2), ratio: ms2.Seconds() / mo.Seconds()})
 }
 
+// snapshotRounds: at least this many rounds of the snapshot rows on
+// each store (a reflink round costs milliseconds; a copy round seconds),
+// since the shared host makes single rounds swing by a factor of two.
+var snapshotRounds = map[string]int{"--reflink=always": 15, "--sparse=always": 5}
+
+// rotate runs the measurements of round i starting with the (i mod n)th,
+// so that none always follows the same one (a delete, a copy's
+// writeback) or always comes first after the settle.
+func rotate(i int, steps []func() error) error {
+	for k := range steps {
+		if err := steps[(i+k)%len(steps)](); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loadAvg is the 1-minute load average, for the notes.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Fields(string(b))[0]
+}
+
+// stepLog collects the step durations of the "snapshot created" log
+// records of the in-process store: copy, flush, record.
+type stepLog struct {
+	mu    sync.Mutex
+	steps map[string][]time.Duration
+}
+
+func (l *stepLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l *stepLog) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *stepLog) WithGroup(string) slog.Handler            { return l }
+func (l *stepLog) Handle(_ context.Context, rec slog.Record) error {
+	if rec.Message != "snapshot created" {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	rec.Attrs(func(a slog.Attr) bool {
+		if a.Value.Kind() == slog.KindDuration {
+			l.steps[a.Key] = append(l.steps[a.Key], a.Value.Duration())
+		}
+		return true
+	})
+	return nil
+}
+
 func snapshotRows(ctx context.Context, c *config, r *report, root, store, cpFlag string) error {
 	src, err := dataVolume(ctx, c, root, "v")
 	if err != nil {
 		return err
 	}
-	s, err := volume.Open(root, volume.Options{})
+	steps := &stepLog{steps: map[string][]time.Duration{}}
+	s, err := volume.Open(root, volume.Options{Logger: slog.New(steps)})
 	if err != nil {
 		return err
 	}
 	var ours, inproc, plain, synced []time.Duration
-	for i := range c.rounds {
+	load := loadAvg()
+	for i := range max(c.rounds, snapshotRounds[cpFlag]) {
 		name := fmt.Sprintf("s%d", i)
-		settle(ctx, src)
-		d, _, err := proc(ctx, c.bin, "--root", root, "snapshot", "create", "v", name)
+		err := rotate(i, []func() error{
+			func() error {
+				settle(ctx, src)
+				d, _, err := proc(ctx, c.bin, "--root", root, "snapshot", "create", "v", name)
+				if err != nil {
+					return err
+				}
+				ours = append(ours, d)
+				_, err = run(ctx, c.bin, "--root", root, "snapshot", "delete", name)
+				return err
+			},
+			func() error {
+				// In the process that serves it, as the CSI plugin does.
+				settle(ctx, src)
+				d, err := timeIt(func() error { _, err := s.CreateSnapshot(ctx, "v", name, volume.SnapshotOptions{}); return err })
+				if err != nil {
+					return err
+				}
+				inproc = append(inproc, d)
+				return s.DeleteSnapshot(ctx, name)
+			},
+			func() error {
+				p, s, err := cpTimes(ctx, cpFlag, src, filepath.Join(root, "cp-copy"))
+				plain, synced = append(plain, p), append(synced, s)
+				return err
+			},
+		})
 		if err != nil {
 			return err
 		}
-		ours = append(ours, d)
-		if _, err := run(ctx, c.bin, "--root", root, "snapshot", "delete", name); err != nil {
-			return err
-		}
-		// In the process that serves it, as the CSI plugin does.
-		settle(ctx, src)
-		d, err = timeIt(func() error { _, err := s.CreateSnapshot(ctx, "v", name, volume.SnapshotOptions{}); return err })
-		if err != nil {
-			return err
-		}
-		inproc = append(inproc, d)
-		if err := s.DeleteSnapshot(ctx, name); err != nil {
-			return err
-		}
-		p, s, err := cpTimes(ctx, cpFlag, src, filepath.Join(root, "cp-copy"))
-		if err != nil {
-			return err
-		}
-		plain, synced = append(plain, p), append(synced, s)
 	}
 	section := "snapshot of a 10 GiB volume holding 1 GiB, median (ratio: cp / sparsevol)"
 	addCopyRows(r, section, store+", `sparsevol snapshot create` process", cpFlag, ours, plain, synced, ms, true)
 	addCopyRows(r, section, store+", Store.CreateSnapshot in process (CSI)", cpFlag, inproc, plain, synced, ms, true)
-	r.note("snapshot, %s: sparsevol %s, in process %s, cp %s %s, with sync %s per round", store, roundMS(ours), roundMS(inproc), cpFlag, roundMS(plain), roundMS(synced))
+	r.note("snapshot, %s: %d rounds in rotating order, load average %s before and %s after; sparsevol %s, in process %s, cp %s %s, with sync %s",
+		store, len(ours), load, loadAvg(), roundMS(ours), roundMS(inproc), cpFlag, roundMS(plain), roundMS(synced))
+	st := steps.steps
+	if len(st["copy"]) != len(inproc) || len(st["flush"]) != len(inproc) || len(st["record"]) != len(inproc) {
+		r.note("snapshot, %s: the store logged no step durations (an older sparsevol)", store)
+		return nil
+	}
+	var rest []time.Duration
+	for i, d := range inproc {
+		rest = append(rest, d-st["copy"][i]-st["flush"][i]-st["record"][i])
+	}
+	r.note("snapshot, %s, in process, medians per step: copy %s, flush of the copy %s, ready record (one fsync) %s, "+
+		"the rest (locks, space check, creating record, opening and proving the files) %s; the whole call %s",
+		store, ms(median(st["copy"])), ms(median(st["flush"])), ms(median(st["record"])), ms(median(rest)), ms(median(inproc)))
 	return nil
 }
 
@@ -227,25 +301,34 @@ func streamRows(ctx context.Context, c *config, r *report, root string) error {
 	}
 	src = st.BackingFile
 	var ours, plain, synced []time.Duration
-	for range c.rounds {
-		settle(ctx, src)
-		d, err := timeIt(func() error { return exportImport(ctx, c.bin, root, "v", "imported") })
+	load := loadAvg()
+	for i := range max(c.rounds, snapshotRounds["--sparse=always"]) {
+		err := rotate(i, []func() error{
+			func() error {
+				settle(ctx, src)
+				d, err := timeIt(func() error { return exportImport(ctx, c.bin, root, "v", "imported") })
+				if err != nil {
+					return err
+				}
+				ours = append(ours, d)
+				_, err = run(ctx, c.bin, "--root", root, "delete", "imported")
+				return err
+			},
+			func() error {
+				p, s, err := cpTimes(ctx, "--sparse=always", src, filepath.Join(root, "cp-copy"))
+				plain, synced = append(plain, p), append(synced, s)
+				return err
+			},
+		})
 		if err != nil {
 			return err
 		}
-		ours = append(ours, d)
-		if _, err := run(ctx, c.bin, "--root", root, "delete", "imported"); err != nil {
-			return err
-		}
-		p, s, err := cpTimes(ctx, "--sparse=always", src, filepath.Join(root, "cp-copy"))
-		if err != nil {
-			return err
-		}
-		plain, synced = append(plain, p), append(synced, s)
 	}
 	rate := func(d time.Duration) string { return fmt.Sprintf("%.0f MiB/s", float64(snapData)/(1<<20)/d.Seconds()) }
 	addCopyRows(r, "export | import of a 10 GiB volume holding 1 GiB, ext4 store, median (ratio: throughput / cp)",
 		"sparsevol export v | sparsevol import w", "--sparse=always", ours, plain, synced, rate, false)
+	r.note("export | import: %d rounds in rotating order, load average %s before and %s after; sparsevol %s, cp --sparse=always %s, with sync %s",
+		len(ours), load, loadAvg(), roundMS(ours), roundMS(plain), roundMS(synced))
 	return nil
 }
 
