@@ -58,7 +58,12 @@ func runSnapshot(ctx context.Context, c *config, r *report) error {
 }
 
 // loopStore makes a store on a loop-mounted filesystem of fsType in the
-// scratch directory; cleanup unmounts it and detaches the device.
+// scratch directory; cleanup unmounts it and detaches the device. The
+// device does direct I/O to its image, as a disk would: a buffered one
+// caches every write twice (the store's page cache, then the image's)
+// and turns each flush into writing the image's dirty pages, which is
+// not what a store on a disk pays (and hides writeback that overlaps a
+// copy).
 func loopStore(ctx context.Context, c *config, fsType string) (string, func(), error) {
 	img := filepath.Join(c.dir, "snap-"+fsType+".img")
 	f, err := os.Create(img)
@@ -77,7 +82,7 @@ func loopStore(ctx context.Context, c *config, fsType string) (string, func(), e
 	if _, err := run(ctx, mkfs[0], mkfs[1:]...); err != nil {
 		return "", nil, err
 	}
-	dev, err := run(ctx, "losetup", "--find", "--show", img)
+	dev, err := run(ctx, "losetup", "--find", "--show", "--direct-io=on", img)
 	if err != nil {
 		return "", nil, err
 	}
