@@ -797,7 +797,7 @@ func (s *Store) orphaned(v *Volume, ours []*loop.Device) error {
 // loop.Attach (AttachOptions.Prefer), which proves it free and verifies
 // the binding: it is never trusted.
 func (s *Store) lastDevice(uuid string) string {
-	fd, err := unix.Open(filepath.Join(s.root, lockDir, uuid), unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := s.openLockFile(uuid, unix.O_RDONLY, false)
 	if err != nil {
 		return ""
 	}
@@ -822,7 +822,7 @@ func (s *Store) noteDetached(uuid string, d *loop.Device) {
 	if len(d.Path) >= len(rec) {
 		return
 	}
-	fd, err := unix.Open(filepath.Join(s.root, lockDir, uuid), unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := s.openLockFile(uuid, unix.O_WRONLY, false)
 	if err != nil {
 		return
 	}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
@@ -15,20 +14,52 @@ import (
 // name from one metadata file instead of all of them. A hint is never
 // trusted: the link is read, never followed; its target must be a UUID;
 // and the metadata of that UUID (readMeta's rules) must carry the name.
-// A missing, stale or hostile hint costs a scan, which writes the hint
-// anew; it never gives a wrong answer. Hints are written without a
-// flush: one lost to a power cut costs one scan.
+// The directory is reached through subdirFD, so a link or anything else
+// planted in its place or in the lock directory's is never followed, and
+// every hint is read, written and removed relative to that fd. A missing,
+// stale or hostile hint costs a scan, which writes the hint anew; it never
+// gives a wrong answer. Hints are written without a flush: one lost to a
+// power cut costs one scan.
 const nameDir = "names"
 
-func (s *Store) nameHint(name string) string { return filepath.Join(s.root, lockDir, nameDir, name) }
+// nameDirFD opens <root>/.locks/names as subdirFD does. The caller closes
+// the fd.
+func (s *Store) nameDirFD() (int, error) {
+	dir, err := s.lockDirFD()
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(dir)
+	return s.subdirFD(dir, nameDir, "name hint directory", filepath.Join(s.root, lockDir, nameDir))
+}
+
+// readHint returns the target of name's hint, "" if there is none.
+func (s *Store) readHint(name string) string {
+	dir, err := s.nameDirFD()
+	if err != nil {
+		return ""
+	}
+	defer unix.Close(dir)
+	return readlinkat(dir, name)
+}
+
+// readlinkat returns the target of the link name in dir, "" if it is none.
+func readlinkat(dir int, name string) string {
+	var buf [64]byte
+	n, err := unix.Readlinkat(dir, name, buf[:])
+	if err != nil || n >= len(buf) {
+		return ""
+	}
+	return string(buf[:n])
+}
 
 // byName returns the volume name's hint proves, or nil.
 func (s *Store) byName(name string) *Volume {
 	if ValidateName(name) != nil {
 		return nil // no volume of ours has it; a scan says so
 	}
-	uuid, err := os.Readlink(s.nameHint(name))
-	if err != nil || !ValidUUID(uuid) {
+	uuid := s.readHint(name)
+	if !ValidUUID(uuid) {
 		return nil
 	}
 	v, err := s.readMeta(uuid)
@@ -51,27 +82,27 @@ func (s *Store) noteName(name, uuid string) {
 }
 
 func (s *Store) linkName(name, uuid string) error {
-	link := s.nameHint(name)
-	err := unix.Symlink(uuid, link)
-	if errors.Is(err, unix.ENOENT) {
-		if err = os.Mkdir(filepath.Dir(link), 0o700); err == nil || errors.Is(err, os.ErrExist) {
-			err = unix.Symlink(uuid, link)
-		}
+	dir, err := s.nameDirFD()
+	if err != nil {
+		return err
 	}
+	defer unix.Close(dir)
+	err = unix.Symlinkat(uuid, dir, name)
 	if !errors.Is(err, unix.EEXIST) {
 		return err
 	}
-	if cur, err := os.Readlink(link); err == nil && cur == uuid {
+	if readlinkat(dir, name) == uuid {
 		return nil
 	}
 	// Replace atomically: a temporary name no volume name can have
-	// (names never start with '.'), renamed over the hint.
-	tmp := filepath.Join(filepath.Dir(link), fmt.Sprintf(".tmp-%d-%d", os.Getpid(), rand.Uint64()))
-	if err := unix.Symlink(uuid, tmp); err != nil {
+	// (names never start with '.'), renamed over the hint. renameat
+	// replaces the name, never what a link there points at.
+	tmp := fmt.Sprintf(".tmp-%d-%d", unix.Getpid(), rand.Uint64())
+	if err := unix.Symlinkat(uuid, dir, tmp); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, link); err != nil {
-		os.Remove(tmp)
+	if err := unix.Renameat(dir, tmp, dir, name); err != nil {
+		unix.Unlinkat(dir, tmp, 0)
 		return err
 	}
 	return nil
@@ -82,7 +113,12 @@ func (s *Store) forgetName(name, uuid string) {
 	if ValidateName(name) != nil {
 		return
 	}
-	if cur, err := os.Readlink(s.nameHint(name)); err == nil && cur == uuid {
-		os.Remove(s.nameHint(name))
+	dir, err := s.nameDirFD()
+	if err != nil {
+		return
+	}
+	defer unix.Close(dir)
+	if readlinkat(dir, name) == uuid {
+		unix.Unlinkat(dir, name, 0)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/sparsevol/sparsevol/internal/loop"
@@ -51,7 +52,7 @@ func TestNameHints(t *testing.T) {
 			s := newStore(t, Options{})
 			other := mustCreate(t, s, CreateRequest{Name: "other", SizeBytes: 1 << 20, Mode: ModeBlock, NoPartition: true})
 			v := mustCreate(t, s, CreateRequest{Name: "v", SizeBytes: 1 << 20, Mode: ModeBlock, NoPartition: true})
-			tt.meddle(t, s.nameHint(v.Name), other)
+			tt.meddle(t, filepath.Join(s.Root(), lockDir, nameDir, v.Name), other)
 			for i, wantScan := range []bool{tt.scans, tt.scans && !tt.repair} {
 				before := countScans()
 				got, err := s.Get(v.Name)
@@ -68,7 +69,7 @@ func TestNameHints(t *testing.T) {
 			if _, err := s.Get(v.Name); !errors.Is(err, ErrNotFound) {
 				t.Fatalf("Get of the deleted volume: %v, want ErrNotFound", err)
 			}
-			if target, err := os.Readlink(s.nameHint(v.Name)); err == nil {
+			if target, err := os.Readlink(filepath.Join(s.Root(), lockDir, nameDir, v.Name)); err == nil {
 				t.Errorf("the deleted volume's hint is left, pointing at %s", target)
 			}
 		})

@@ -95,29 +95,15 @@ func (s *Store) snapMetaPath(uuid string) string { return filepath.Join(s.root, 
 func (s *Store) snapPath(uuid string) string     { return filepath.Join(s.root, snapDir, uuid) }
 func snapLock(uuid string) string                { return "snapshot-" + uuid }
 
-// snapDirFD opens <root>/.snapshots (O_PATH), making it if missing, and
-// proves it the store's: a directory, not a link, on the store's
-// filesystem, owned by root or us, private. The caller closes the fd.
+// snapDirFD opens <root>/.snapshots as subdirFD does. The caller closes
+// the fd.
 func (s *Store) snapDirFD() (int, error) {
 	dir, err := s.dirFD()
 	if err != nil {
 		return -1, err
 	}
 	defer unix.Close(dir)
-	if err := unix.Mkdirat(dir, snapDir, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
-		return -1, &os.PathError{Op: "mkdir", Path: filepath.Join(s.root, snapDir), Err: err}
-	}
-	fd, err := unix.Openat(dir, snapDir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1, fmt.Errorf("snapshot directory %s: %w: %w", filepath.Join(s.root, snapDir), err, ErrUnsafe)
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil || st.Dev != s.dir.dev || (st.Uid != 0 && int(st.Uid) != os.Geteuid()) || st.Mode&0o077 != 0 {
-		unix.Close(fd)
-		return -1, fmt.Errorf("snapshot directory %s is not the store's own (another filesystem, owner or mode; inspect it with `ls -ld %s`): %w",
-			filepath.Join(s.root, snapDir), filepath.Join(s.root, snapDir), ErrUnsafe)
-	}
-	return fd, nil
+	return s.subdirFD(dir, snapDir, "snapshot directory", filepath.Join(s.root, snapDir))
 }
 
 // writeSnapMeta replaces sn's metadata atomically, flushing as flush says

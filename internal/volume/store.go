@@ -125,9 +125,6 @@ func Open(root string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(filepath.Join(abs, lockDir), 0o700); err != nil {
-		return nil, fmt.Errorf("open store %s: %w", abs, err)
-	}
 	return &Store{root: abs, dir: dir, opts: opts, log: log, run: execRunner{}}, nil
 }
 
@@ -270,10 +267,11 @@ const (
 func (s *Store) metaPath(uuid string) string    { return filepath.Join(s.root, uuid+metaExt) }
 func (s *Store) backingPath(uuid string) string { return filepath.Join(s.root, uuid) }
 
-// lock takes an exclusive flock on <root>/.locks/<name>. The returned
-// function releases it. A volume's lock file also holds the note of the
-// device its last detach freed (noteDetached). Locks are released by the kernel if the process
-// dies, which is what makes a killed CLI safe to rerun.
+// lock takes an exclusive flock on <root>/.locks/<name> (openLockFile's
+// rules apply to it). The returned function releases it. A volume's lock
+// file also holds the note of the device its last detach freed
+// (noteDetached). Locks are released by the kernel if the process dies,
+// which is what makes a killed CLI safe to rerun.
 func (s *Store) lock(name string) (func(), error) { return s.flock(name, unix.LOCK_EX) }
 
 // tryLock is lock without waiting: if another holds the lock it fails at
@@ -281,12 +279,9 @@ func (s *Store) lock(name string) (func(), error) { return s.flock(name, unix.LO
 func (s *Store) tryLock(name string) (func(), error) { return s.flock(name, unix.LOCK_EX|unix.LOCK_NB) }
 
 func (s *Store) flock(name string, how int) (func(), error) {
-	path := filepath.Join(s.root, lockDir, name)
-	// A plain fd, not an os.File: attach --all holds a thousand of these,
-	// and os.File would register each with the poller.
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	fd, err := s.openLockFile(name, unix.O_RDWR, true)
 	if err != nil {
-		return nil, fmt.Errorf("lock %s: %w", name, &os.PathError{Op: "open", Path: path, Err: err})
+		return nil, fmt.Errorf("lock %s: %w", name, err)
 	}
 	for {
 		err = unix.Flock(fd, how)
@@ -300,6 +295,45 @@ func (s *Store) flock(name string, how int) (func(), error) {
 	}
 	// Once: a second close could hit an fd number reused meanwhile.
 	return sync.OnceFunc(func() { unix.Close(fd) }), nil
+}
+
+// lockDirFD opens <root>/.locks as subdirFD does. The caller closes the fd.
+func (s *Store) lockDirFD() (int, error) {
+	dir, err := s.dirFD()
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(dir)
+	return s.subdirFD(dir, lockDir, "lock directory", filepath.Join(s.root, lockDir))
+}
+
+// openLockFile opens the lock file <root>/.locks/<name> with flags
+// (O_RDONLY, O_WRONLY or O_RDWR), making it if missing and create is set.
+// A lock file found there must follow a backing file's rules (checkFile:
+// a regular file with one link, not a symbolic link, on the store's
+// filesystem) before it is opened for I/O, so that a device node, FIFO or
+// hard link planted in its place is never opened, read or written. It is
+// returned as a plain fd, not an os.File: attach --all holds a thousand of
+// these, and os.File would register each with the poller. The caller
+// closes it.
+func (s *Store) openLockFile(name string, flags int, create bool) (int, error) {
+	dir, err := s.lockDirFD()
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(dir)
+	path := filepath.Join(s.root, lockDir, name)
+	if create {
+		fd, err := unix.Openat(dir, name, flags|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err == nil {
+			return fd, nil
+		}
+		if !errors.Is(err, unix.EEXIST) {
+			return -1, &os.PathError{Op: "create", Path: path, Err: err}
+		}
+	}
+	fd, _, err := s.openIn(dir, name, "lock file", path, flags)
+	return fd, err
 }
 
 // writeMeta persists v atomically: temp file, fsync, rename, fsync dir.
