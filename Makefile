@@ -26,16 +26,24 @@ LDFLAGS  = -s -w -X github.com/sparsevol/sparsevol/internal/cli.version=$(VERSIO
 
 all: build
 
-# A static binary (it runs on any node, and in the plugin image, as is).
+# Two static binaries from the same packages (each runs on any node, and
+# in the plugin image, as is): bin/sparsevol, the node commands and what
+# the units run, and bin/sparsevol-csi, the CSI plugin. The plugin's stack
+# (gRPC, protobuf, Prometheus) is linked into sparsevol-csi only: every
+# package a binary links is initialised at each of its starts
+# (docs/design.md, "Two binaries").
 # -buildvcs=auto: `sparsevol version` names the commit even where the
 # environment's GOFLAGS turns stamping off; VERSION is its version.
+BINARIES = sparsevol sparsevol-csi
 build:
-	CGO_ENABLED=0 $(GO) build $(GOFLAGS) -buildvcs=auto -ldflags '$(LDFLAGS)' -o bin/sparsevol ./cmd/sparsevol
+	for b in $(BINARIES); do \
+		CGO_ENABLED=0 $(GO) build $(GOFLAGS) -buildvcs=auto -ldflags '$(LDFLAGS)' -o bin/$$b ./cmd/$$b || exit 1; \
+	done
 
-# The manual pages, generated from the command tree (sparsevol.8 and one
-# page per subcommand).
-man: build
-	rm -rf bin/man && bin/sparsevol man --dir bin/man
+# The manual pages, generated from the command trees (sparsevol.8 and one
+# page per subcommand, sparsevol-csi.8) by tools/man, which is not shipped.
+man:
+	rm -rf bin/man && $(GO) run $(GOFLAGS) -ldflags '$(LDFLAGS)' ./tools/man -dir bin/man
 
 vet:
 	@unformatted=$$($(GOFMT) -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -80,13 +88,14 @@ fuzz:
 		grep -E '^fuzz: elapsed' $$log | tail -1; \
 	done
 
-# The binary, its manual pages, the udev rule (deploy/udev), and what
+# Both binaries, their manual pages, the udev rule (deploy/udev), and what
 # `sparsevol units install` writes (the units for $(BINDIR)/sparsevol and
 # $(STORE), the boot generator link beside UNITDIR): the binary renders its
 # own units, nothing here edits them. With DESTDIR (a root being staged)
 # systemd is not reloaded.
 install: build man
 	install -D -m 0755 bin/sparsevol $(DESTDIR)$(BINDIR)/sparsevol
+	install -D -m 0755 bin/sparsevol-csi $(DESTDIR)$(BINDIR)/sparsevol-csi
 	install -d -m 0755 $(DESTDIR)$(MANDIR)/man8
 	install -m 0644 bin/man/*.8 $(DESTDIR)$(MANDIR)/man8/
 	install -D -m 0644 deploy/udev/59-sparsevol.rules $(DESTDIR)$(UDEVDIR)/59-sparsevol.rules
@@ -96,7 +105,7 @@ install: build man
 
 uninstall: build
 	bin/sparsevol --unit-dir $(DESTDIR)$(UNITDIR) units uninstall $(if $(DESTDIR),--offline)
-	rm -f $(DESTDIR)$(BINDIR)/sparsevol $(DESTDIR)$(UDEVDIR)/59-sparsevol.rules
+	rm -f $(DESTDIR)$(BINDIR)/sparsevol $(DESTDIR)$(BINDIR)/sparsevol-csi $(DESTDIR)$(UDEVDIR)/59-sparsevol.rules
 	rm -f $(DESTDIR)$(MANDIR)/man8/sparsevol.8 $(DESTDIR)$(MANDIR)/man8/sparsevol-*.8
 
 # The node packages, bin/packages/sparsevol_<version>_amd64.deb and
@@ -137,7 +146,7 @@ clean:
 	rm -rf bin
 
 # The plugin image, built without a container daemon (tools/image, its own
-# Go module): bin/sparsevol plus the tools it runs, from the host's Debian
+# Go module): bin/sparsevol-csi plus the tools it runs, from the host's Debian
 # packages (cached in IMAGE_CACHE by version). bin/sparsevol-image.tar is
 # an OCI layout that is also a docker archive: `ctr images import`,
 # `docker load` and `podman load` read it. Timestamps are the commit's
@@ -148,10 +157,10 @@ IMAGE       ?= ghcr.io/sparsevol/sparsevol:latest
 IMAGE_CACHE ?= /var/cache/sparsevol-image
 .PHONY: image image-push
 image: build
-	$(GO) -C tools/image run . -bin $(CURDIR)/bin/sparsevol -name $(IMAGE) -cache $(IMAGE_CACHE) -out $(CURDIR)/bin/sparsevol-image.tar
+	$(GO) -C tools/image run . -bin $(CURDIR)/bin/sparsevol-csi -name $(IMAGE) -cache $(IMAGE_CACHE) -out $(CURDIR)/bin/sparsevol-image.tar
 
 image-push: build
-	$(GO) -C tools/image run . -bin $(CURDIR)/bin/sparsevol -name $(IMAGE) -cache $(IMAGE_CACHE) -push $(IMAGE)
+	$(GO) -C tools/image run . -bin $(CURDIR)/bin/sparsevol-csi -name $(IMAGE) -cache $(IMAGE_CACHE) -push $(IMAGE)
 
 # The VM reboot test (test/vm, see its README): builds a Debian image once
 # (test/e2e/vmrun, cached under $${SPARSEVOL_E2E_CACHE:-/var/cache/sparsevol-e2e}), installs

@@ -19,7 +19,7 @@ import (
 // csiRuns is how many pod starts each CSI row takes the median of.
 const csiRuns = 15
 
-// csiBench is a running `sparsevol csi` and a client of its socket.
+// csiBench is a running sparsevol-csi and a client of its socket.
 type csiBench struct {
 	kubelet string
 	conn    *grpc.ClientConn
@@ -44,7 +44,7 @@ func startPlugin(ctx context.Context, c *config) (*csiBench, error) {
 		return nil, err
 	}
 	sock := filepath.Join(sockDir, "csi.sock")
-	cmd := exec.Command(c.bin, "--root", root, "--unit-dir", filepath.Join(c.dir, "units"), "csi",
+	cmd := exec.Command(c.plugin, "--root", root, "--unit-dir", filepath.Join(c.dir, "units"),
 		"--endpoint", "unix://"+sock, "--node-id", "bench", "--kubelet-dir", kubelet, "--log-level", "warn")
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {

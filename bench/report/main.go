@@ -26,6 +26,7 @@ type config struct {
 	dir      string // scratch directory on the store's filesystem
 	out      string // where REPORT.md and report.svg go
 	bin      string // the sparsevol binary
+	plugin   string // the sparsevol-csi binary
 	runtime  time.Duration
 	fileSize string
 	volumes  int
@@ -39,6 +40,7 @@ func main() {
 	flag.StringVar(&c.dir, "dir", "/var/tmp", "scratch directory; its filesystem is the backing filesystem measured")
 	flag.StringVar(&c.out, "out", "bench", "directory for REPORT.md and report.svg")
 	flag.StringVar(&c.bin, "bin", "bin/sparsevol", "sparsevol binary (for the process measurements)")
+	flag.StringVar(&c.plugin, "plugin", "", "sparsevol-csi binary (for the CSI section; default: sparsevol-csi beside -bin)")
 	flag.DurationVar(&c.runtime, "fio-runtime", 2*time.Second, "fio runtime per job and round")
 	flag.IntVar(&c.rounds, "rounds", 3, "rounds of every fio job and of the attach/detach measurements (medians are reported)")
 	flag.StringVar(&c.fileSize, "fio-size", "512M", "fio file size")
@@ -60,6 +62,12 @@ func main() {
 		log.Fatal(err)
 	}
 	c.bin = bin
+	if c.plugin == "" {
+		c.plugin = filepath.Join(filepath.Dir(c.bin), "sparsevol-csi")
+	}
+	if c.plugin, err = filepath.Abs(c.plugin); err != nil {
+		log.Fatal(err)
+	}
 	scratch, err := os.MkdirTemp(c.dir, "sparsevol-bench-")
 	if err != nil {
 		log.Fatal(err)

@@ -197,8 +197,9 @@ func runPerCall(ctx context.Context, c *config, r *report, s *volume.Store, uuid
 	return startTime(ctx, c, r)
 }
 
-// startTime compares `sparsevol --help` with an empty Go program, both
-// started as processes: what package initialisation costs every call.
+// startTime compares `sparsevol --help` (and the plugin's, which starts
+// once per node) with an empty Go program, all started as processes:
+// what package initialisation costs every call.
 func startTime(ctx context.Context, c *config, r *report) error {
 	dir := filepath.Join(c.dir, "empty-go")
 	if err := os.Mkdir(dir, 0o700); err != nil {
@@ -217,20 +218,29 @@ func startTime(ctx context.Context, c *config, r *report) error {
 		return fmt.Errorf("build an empty Go program: %w: %s", err, strings.TrimSpace(string(out)))
 	}
 	const starts = 101
-	var ours, base []time.Duration
+	var ours, plugin, base []time.Duration
 	for range starts {
 		d, _, err := proc(ctx, c.bin, "--help")
 		if err != nil {
 			return err
 		}
 		ours = append(ours, d)
+		if d, _, err = proc(ctx, c.plugin, "--help"); err != nil {
+			return err
+		}
+		plugin = append(plugin, d)
 		if d, _, err = proc(ctx, empty); err != nil {
 			return err
 		}
 		base = append(base, d)
 	}
-	r.add(row{section: "process start, median of 101", name: "`sparsevol --help`", value: msp(median(ours)),
-		baseline: "empty Go program " + msp(median(base)), ratio: median(base).Seconds() / median(ours).Seconds()})
+	for _, m := range []struct {
+		name string
+		ds   []time.Duration
+	}{{"`sparsevol --help`", ours}, {"`sparsevol-csi --help` (the plugin)", plugin}} {
+		r.add(row{section: "process start, median of 101", name: m.name, value: msp(median(m.ds)),
+			baseline: "empty Go program " + msp(median(base)), ratio: median(base).Seconds() / median(m.ds).Seconds()})
+	}
 	return nil
 }
 

@@ -262,8 +262,8 @@ func TestValues(t *testing.T) {
 	t.Run("storeDir and overcommitRatio", func(t *testing.T) {
 		ds := daemonSet(t, mustRenderChart(t, map[string]any{"storeDir": "/srv/sparsevol", "overcommitRatio": 2}))
 		plugin := ds.Spec.Template.Spec.Containers[0]
-		if !slices.Equal(plugin.Args[:3], []string{"--root=/srv/sparsevol", "--overcommit-ratio=2", "csi"}) {
-			t.Errorf("args %q: want the store and the ratio before csi", plugin.Args)
+		if !slices.Equal(plugin.Args[:2], []string{"--root=/srv/sparsevol", "--overcommit-ratio=2"}) {
+			t.Errorf("args %q: want the store and the ratio first", plugin.Args)
 		}
 		for _, v := range ds.Spec.Template.Spec.Volumes {
 			if v.Name == "store-dir" && v.HostPath.Path != "/srv/sparsevol" {

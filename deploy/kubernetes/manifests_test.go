@@ -28,6 +28,7 @@ import (
 	"github.com/sparsevol/sparsevol/internal/cli"
 	"github.com/sparsevol/sparsevol/internal/csi"
 	"github.com/sparsevol/sparsevol/internal/kubelet"
+	"github.com/sparsevol/sparsevol/internal/plugincli"
 )
 
 // manifests is every object of every YAML file here, decoded strictly.
@@ -358,25 +359,18 @@ func expandEnv(c *corev1.Container, s string) string {
 }
 
 // pluginCommand parses the plugin container's arguments with the real
-// cobra command tree, so any flag the manifest passes must exist.
+// command of the plugin binary, so any flag the manifest passes must exist.
 func pluginCommand(t *testing.T, c *corev1.Container) *cobra.Command {
 	t.Helper()
-	if len(c.Command) != 1 || path.Base(c.Command[0]) != "sparsevol" {
-		t.Fatalf("plugin command %q, want the sparsevol binary", c.Command)
+	if len(c.Command) != 1 || path.Base(c.Command[0]) != plugincli.Name {
+		t.Fatalf("plugin command %q, want the %s binary", c.Command, plugincli.Name)
 	}
 	args := make([]string, len(c.Args))
 	for i, a := range c.Args {
 		args[i] = expandEnv(c, a)
 	}
-	root, _ := cli.NewRootCommand(io.Discard, io.Discard)
-	cmd, rest, err := root.Find(args)
-	if err != nil {
-		t.Fatalf("args %q: %v", args, err)
-	}
-	if cmd.Name() != "csi" {
-		t.Fatalf("args %q run %q, not the csi command", args, cmd.CommandPath())
-	}
-	if err := cmd.ParseFlags(rest); err != nil {
+	cmd := plugincli.NewCommand(io.Discard, io.Discard)
+	if err := cmd.ParseFlags(args); err != nil {
 		t.Fatalf("args %q: %v", args, err)
 	}
 	if n := cmd.Flags().NArg(); n != 0 {
@@ -400,16 +394,16 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, driverName string) {
 	if plugin.SecurityContext == nil || plugin.SecurityContext.Privileged == nil || !*plugin.SecurityContext.Privileged {
 		t.Error("the plugin container must be privileged (loop devices, mounts)")
 	}
-	if got := get(cli.CSIFlagDriverName); got != driverName {
+	if got := get(plugincli.CSIFlagDriverName); got != driverName {
 		t.Errorf("plugin serves driver %q, CSIDriver is %q", got, driverName)
 	}
-	if get(cli.CSIFlagNodeID) != "$(NODE_NAME)" || !fieldRefEnv(plugin, "NODE_NAME", "spec.nodeName") {
+	if get(plugincli.CSIFlagNodeID) != "$(NODE_NAME)" || !fieldRefEnv(plugin, "NODE_NAME", "spec.nodeName") {
 		t.Error("--node-id must be the node name from the downward API")
 	}
 
 	// The CSI socket: the plugin listens where every sidecar connects, in
 	// the directory kubelet is told about.
-	socket, err := csi.ParseEndpoint(get(cli.CSIFlagEndpoint))
+	socket, err := csi.ParseEndpoint(get(plugincli.CSIFlagEndpoint))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -448,23 +442,23 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, driverName string) {
 	// Native registration: the registration socket in kubelet's plugin
 	// registry, which the kubelet directory mount brings in, and the CSI
 	// socket announced at its host path.
-	if got := get(cli.CSIFlagKubeletEndpoint); got != path.Join(socketHostDir, path.Base(socket)) {
-		t.Errorf("--%s %s: kubelet finds the socket at %s on the host", cli.CSIFlagKubeletEndpoint, got, path.Join(socketHostDir, path.Base(socket)))
+	if got := get(plugincli.CSIFlagKubeletEndpoint); got != path.Join(socketHostDir, path.Base(socket)) {
+		t.Errorf("--%s %s: kubelet finds the socket at %s on the host", plugincli.CSIFlagKubeletEndpoint, got, path.Join(socketHostDir, path.Base(socket)))
 	}
-	registry := path.Clean(get(cli.CSIFlagKubeletRegistration))
+	registry := path.Clean(get(plugincli.CSIFlagKubeletRegistration))
 	if registry != kubelet.DefaultRegistrationDir {
-		t.Errorf("--%s %s, kubelet watches %s", cli.CSIFlagKubeletRegistration, registry, kubelet.DefaultRegistrationDir)
+		t.Errorf("--%s %s, kubelet watches %s", plugincli.CSIFlagKubeletRegistration, registry, kubelet.DefaultRegistrationDir)
 	}
-	if !strings.HasPrefix(registry+"/", get(cli.CSIFlagKubeletDir)+"/") {
+	if !strings.HasPrefix(registry+"/", get(plugincli.CSIFlagKubeletDir)+"/") {
 		t.Errorf("registration directory %s is not below the mounted kubelet directory", registry)
 	}
 
 	// Kubelet's directory at the same path, with mounts propagating back;
 	// the plugin accepts node paths below it only.
-	kubeletDir := get(cli.CSIFlagKubeletDir)
+	kubeletDir := get(plugincli.CSIFlagKubeletDir)
 	kubeletHost, kubeletMount := mountOf(t, ds, plugin, kubeletDir)
 	if kubeletHost != "/var/lib/kubelet" || kubeletDir != kubeletHost || kubeletMount.MountPropagation == nil || *kubeletMount.MountPropagation != corev1.MountPropagationBidirectional {
-		t.Errorf("--%s %s: the kubelet directory must be mounted at the same path with Bidirectional propagation", cli.CSIFlagKubeletDir, kubeletDir)
+		t.Errorf("--%s %s: the kubelet directory must be mounted at the same path with Bidirectional propagation", plugincli.CSIFlagKubeletDir, kubeletDir)
 	}
 	if devHost, _ := mountOf(t, ds, plugin, "/dev"); devHost != "/dev" {
 		t.Error("the host's /dev must be mounted at /dev")
@@ -479,11 +473,11 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, driverName string) {
 		t.Fatal("the plugin container has no HTTP liveness probe")
 	}
 	probe := plugin.LivenessProbe.HTTPGet
-	if port := containerPort(t, plugin, probe.Port.String()); port != portOf(t, get(cli.CSIFlagMetrics)) || probe.Path != "/healthz" {
-		t.Errorf("liveness probe checks %s on port %d, the plugin serves /healthz on %s", probe.Path, port, get(cli.CSIFlagMetrics))
+	if port := containerPort(t, plugin, probe.Port.String()); port != portOf(t, get(plugincli.CSIFlagMetrics)) || probe.Path != "/healthz" {
+		t.Errorf("liveness probe checks %s on port %d, the plugin serves /healthz on %s", probe.Path, port, get(plugincli.CSIFlagMetrics))
 	}
-	if port := containerPort(t, plugin, "metrics"); port != portOf(t, get(cli.CSIFlagMetrics)) {
-		t.Errorf("metrics port %d, plugin serves metrics on %s", port, get(cli.CSIFlagMetrics))
+	if port := containerPort(t, plugin, "metrics"); port != portOf(t, get(plugincli.CSIFlagMetrics)) {
+		t.Errorf("metrics port %d, plugin serves metrics on %s", port, get(plugincli.CSIFlagMetrics))
 	}
 
 	prov := container(t, ds, "csi-provisioner")
@@ -585,8 +579,9 @@ func checkDockerfile(t *testing.T, ds *appsv1.DaemonSet) {
 	}
 	plugin := container(t, ds, "sparsevol")
 	for _, want := range []string{
-		"./cmd/sparsevol",
-		"COPY --from=build /out/sparsevol " + plugin.Command[0],
+		"./cmd/sparsevol-csi",
+		"COPY --from=build /out/sparsevol-csi " + plugin.Command[0],
+		`ENTRYPOINT ["` + plugin.Command[0] + `"]`,
 		"e2fsprogs", "xfsprogs", "util-linux",
 	} {
 		if !bytes.Contains(data, []byte(want)) {

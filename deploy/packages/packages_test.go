@@ -95,6 +95,7 @@ func makePackages(dir string) (built, error) {
 // Manual pages are checked by pattern.
 var wantFiles = map[string]entry{
 	"/usr/bin/sparsevol":                                     {mode: 0o755},
+	"/usr/bin/sparsevol-csi":                                 {mode: 0o755},
 	"/usr/lib/systemd/system/sparsevol@.service":             {mode: 0o644},
 	"/usr/lib/systemd/system/sparsevol-boot.service":         {mode: 0o644},
 	"/usr/lib/systemd/system/sparsevol-boot-done.service":    {mode: 0o644},
@@ -102,6 +103,7 @@ var wantFiles = map[string]entry{
 	"/usr/lib/udev/rules.d/59-sparsevol.rules":               {mode: 0o644},
 	"/usr/share/man/man8/sparsevol.8":                        {mode: 0o644},
 	"/usr/share/man/man8/sparsevol-create.8":                 {mode: 0o644},
+	"/usr/share/man/man8/sparsevol-csi.8":                    {mode: 0o644},
 }
 
 var manPage = regexp.MustCompile(`^/usr/share/man/man8/sparsevol(-[a-z-]+)?\.8$`)
@@ -158,26 +160,32 @@ func TestContents(t *testing.T) {
 			}
 		}
 	})
-	t.Run("binary", func(t *testing.T) {
-		bin := filepath.Join(t.TempDir(), "sparsevol")
-		if err := os.WriteFile(bin, deb["/usr/bin/sparsevol"].data, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		f, err := elf.Open(bin)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		for _, prog := range f.Progs {
-			if prog.Type == elf.PT_INTERP {
-				t.Errorf("the packaged binary is dynamically linked (has an interpreter)")
+	// Both binaries: the node commands and the CSI plugin.
+	for _, b := range []struct{ path, versionArg string }{
+		{"/usr/bin/sparsevol", "version"},
+		{"/usr/bin/sparsevol-csi", "--version"},
+	} {
+		t.Run("binary "+filepath.Base(b.path), func(t *testing.T) {
+			bin := filepath.Join(t.TempDir(), filepath.Base(b.path))
+			if err := os.WriteFile(bin, deb[b.path].data, 0o755); err != nil {
+				t.Fatal(err)
 			}
-		}
-		out, err := exec.Command(bin, "version").CombinedOutput()
-		if err != nil || !strings.HasPrefix(string(out), "sparsevol "+version+" (") {
-			t.Errorf("packaged sparsevol version = %q, %v; want version %s", out, err, version)
-		}
-	})
+			f, err := elf.Open(bin)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			for _, prog := range f.Progs {
+				if prog.Type == elf.PT_INTERP {
+					t.Errorf("the packaged %s is dynamically linked (has an interpreter)", b.path)
+				}
+			}
+			out, err := exec.Command(bin, b.versionArg).CombinedOutput()
+			if err != nil || !strings.HasPrefix(string(out), "sparsevol "+version+" (") {
+				t.Errorf("packaged %s %s = %q, %v; want version %s", b.path, b.versionArg, out, err, version)
+			}
+		})
+	}
 }
 
 func checkContents(t *testing.T, got map[string]entry) {

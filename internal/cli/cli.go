@@ -1,7 +1,10 @@
 // Package cli is the sparsevol command line: flags, output and exit codes.
 // Volume commands call internal/volume, handing it systemd.Manager as the
-// store's Lifecycle where systemd runs; `sparsevol csi` hands its flags to
-// csi.Run. It holds no volume logic.
+// store's Lifecycle where systemd runs. It also gives the CSI plugin's
+// binary (package plugincli) the flags, exit codes and version every
+// sparsevol binary shares, and imports nothing of the plugin's: what it
+// links is what every node command pays for at start. It holds no volume
+// logic.
 package cli
 
 import (
@@ -11,7 +14,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -122,16 +127,65 @@ func (g *globals) units() systemd.Manager {
 	return systemd.Manager{Dir: g.unitDir, RunDir: g.runDir}
 }
 
-// NewRootCommand builds the command tree. Extra subcommands (the CSI
-// plugin) are added by the caller.
+// NewRootCommand builds the node command tree: what operators and the
+// units run (the sparsevol binary). The CSI plugin is another binary
+// (package plugincli), so that gRPC, protobuf and Prometheus are not linked
+// into, nor initialised by, every short-lived node command.
 func NewRootCommand(stdout, stderr io.Writer) (*cobra.Command, *globals) {
+	root, g := newCommand(stdout, stderr)
+	root.Use = "sparsevol"
+	root.Short = "Persistent sparse-file volumes behind loop devices"
+	root.Long = `sparsevol makes volumes from sparse files on the node's own disk, exposed
+through loop devices, and brings them back at every boot with a systemd
+template unit (sparsevol@<uuid>.service) — no network, no API server.
+The CSI plugin for Kubernetes is the sparsevol-csi binary.`
+	root.AddCommand(
+		newCreateCommand(g), newAttachCommand(g), newDetachCommand(g),
+		newDeleteCommand(g), newExpandCommand(g), newListCommand(g),
+		newStatusCommand(g), newPVCommand(g), newAdoptCommand(g),
+		newUnitsCommand(g), newDoctorCommand(g), newTrimCommand(g),
+		newRecoverCommand(g), newVersionCommand(g),
+		newLimitCommand(g),
+		newSnapshotCommand(g), newExportCommand(g), newImportCommand(g),
+		newMovedCSICommand(),
+	)
+	refuseUnknownCommands(root)
+	return root, g
+}
+
+// StoreFlags is what the shared flags say about the store, for a binary
+// whose command is built outside this package (the CSI plugin's).
+type StoreFlags struct {
+	Root    string
+	Options volume.Options
+	Stderr  io.Writer
+}
+
+// NewStoreCommand is the root command of a binary that does one thing
+// with the store: it takes the flags every sparsevol command takes
+// (--root, --overcommit-ratio, ...) and, once they are parsed and
+// checked, calls run with what they say. The caller adds its own flags,
+// Use and help. Execute runs it with the contract's exit codes.
+func NewStoreCommand(stdout, stderr io.Writer, run func(cmd *cobra.Command, s StoreFlags) error) *cobra.Command {
+	root, g := newCommand(stdout, stderr)
+	root.Args = exactArgs(0)
+	root.RunE = func(cmd *cobra.Command, _ []string) error {
+		return run(cmd, StoreFlags{
+			Root: g.root,
+			// Volumes the plugin serves have no units and no boot marks.
+			Options: volume.Options{OvercommitRatio: g.overcommit, UdevTimeout: g.udevWait, IOLimits: g.ioLimits},
+			Stderr:  g.stderr,
+		})
+	}
+	return root
+}
+
+// newCommand is the frame both binaries share: the flags every command
+// takes, with their environment defaults, usage errors for bad flags, and
+// --version.
+func newCommand(stdout, stderr io.Writer) (*cobra.Command, *globals) {
 	g := &globals{stdout: stdout, stderr: stderr}
 	root := &cobra.Command{
-		Use:   "sparsevol",
-		Short: "Persistent sparse-file volumes behind loop devices",
-		Long: `sparsevol makes volumes from sparse files on the node's own disk, exposed
-through loop devices, and brings them back at every boot with a systemd
-template unit (sparsevol@<uuid>.service) — no network, no API server.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -168,18 +222,8 @@ template unit (sparsevol@<uuid>.service) — no network, no API server.`,
 	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log each step to stderr")
 	addCgroupFlags(g, pf)
 
-	root.AddCommand(
-		newCreateCommand(g), newAttachCommand(g), newDetachCommand(g),
-		newDeleteCommand(g), newExpandCommand(g), newListCommand(g),
-		newStatusCommand(g), newPVCommand(g), newAdoptCommand(g),
-		newUnitsCommand(g), newDoctorCommand(g), newCSICommand(g), newTrimCommand(g),
-		newRecoverCommand(g), newVersionCommand(g), newManCommand(g),
-		newLimitCommand(g),
-		newSnapshotCommand(g), newExportCommand(g), newImportCommand(g),
-	)
 	root.Version = readBuild().String()
 	root.SetVersionTemplate("{{.Version}}\n")
-	refuseUnknownCommands(root)
 	return root, g
 }
 
@@ -224,15 +268,49 @@ func refuseUnknownCommands(c *cobra.Command) {
 	}
 }
 
-// Main runs the command line and returns the process exit code.
+// Main runs the node command line and returns the process exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
 	root, _ := NewRootCommand(stdout, stderr)
+	return Execute(root, args, stderr)
+}
+
+// Execute runs a command tree built here (NewRootCommand,
+// NewStoreCommand) with args, reports its error on stderr, and returns the
+// process exit code (ExitCode).
+func Execute(root *cobra.Command, args []string, stderr io.Writer) int {
 	root.SetArgs(args)
 	err := root.ExecuteContext(context.Background())
 	if err != nil {
-		fmt.Fprintf(stderr, "sparsevol: %v\n", err)
+		fmt.Fprintf(stderr, "%s: %v\n", root.Name(), err)
 	}
 	return ExitCode(err)
+}
+
+// Usagef is an error in how a command was called (exit 2), for commands
+// built outside this package.
+func Usagef(format string, args ...any) error { return usagef(format, args...) }
+
+// SetProcessDefaults sets what the whole process shares, for every
+// sparsevol binary (both mains call it first):
+//
+//   - PATH gains the sbin directories where mkfs, blkid, sgdisk and
+//     friends live, which minimal environments and some units lack (the
+//     external programs are found through PATH, also by mount-utils);
+//   - a heap goal of 50% unless GOGC says otherwise: the node commands
+//     run as short-lived processes, by the hundred at boot on small
+//     nodes, and the plugin lives on the same nodes, where a few extra
+//     collections cost less than the memory.
+func SetProcessDefaults() {
+	path := os.Getenv("PATH")
+	for _, dir := range []string{"/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin"} {
+		if !strings.Contains(":"+path+":", ":"+dir+":") {
+			path += ":" + dir
+		}
+	}
+	os.Setenv("PATH", strings.TrimPrefix(path, ":"))
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(50)
+	}
 }
 
 // exactArgs is cobra.ExactArgs with the contract's exit code.

@@ -2,12 +2,9 @@ package cli
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"runtime/debug"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/cobra/doc"
 )
 
 // build is what the binary knows of how it was built.
@@ -48,6 +45,10 @@ func readBuild() build {
 	return b
 }
 
+// Version is the release version of this binary, the one `sparsevol
+// version` prints.
+func Version() string { return readBuild().Version }
+
 func (b build) String() string {
 	commit := b.Commit
 	if commit == "" {
@@ -74,31 +75,15 @@ func newVersionCommand(g *globals) *cobra.Command {
 	}
 }
 
-// newManCommand writes the manual pages of the command tree (section 8:
-// sparsevol.8 and one page per subcommand); make install installs them.
-func newManCommand(g *globals) *cobra.Command {
-	var dir string
-	cmd := &cobra.Command{
-		Use:    "man --dir DIR",
-		Short:  "Write the manual pages (section 8) into DIR",
-		Hidden: true,
-		Args:   exactArgs(0),
+// newMovedCSICommand is where `sparsevol csi` was: the plugin is the
+// sparsevol-csi binary now, with the same flags. Hidden; it only says so.
+func newMovedCSICommand() *cobra.Command {
+	return &cobra.Command{
+		Use:                "csi",
+		Hidden:             true,
+		DisableFlagParsing: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				return fmt.Errorf("man: %w", err)
-			}
-			header := &doc.GenManHeader{Title: "SPARSEVOL", Section: "8", Source: readBuild().Version, Manual: "sparsevol"}
-			root := cmd.Root()
-			root.DisableAutoGenTag = true
-			if err := doc.GenManTree(root, header, dir); err != nil {
-				return fmt.Errorf("man: %w", err)
-			}
-			pages, _ := filepath.Glob(filepath.Join(dir, "*.8"))
-			fmt.Fprintf(g.stdout, "%d pages in %s\n", len(pages), dir)
-			return nil
+			return usagef("the CSI plugin is the sparsevol-csi binary: run `sparsevol-csi [--root DIR] --endpoint ... --node-id NODE` (the flags of `sparsevol [--root DIR] csi` before)")
 		},
 	}
-	cmd.Flags().StringVar(&dir, "dir", "", "directory to write the pages to")
-	_ = cmd.MarkFlagRequired("dir")
-	return cmd
 }

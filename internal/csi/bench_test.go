@@ -21,14 +21,14 @@ import (
 // idleRSSTarget is what the plugin may hold resident while idle.
 const idleRSSTarget = 40 << 20
 
-// BenchmarkPluginIdleRSS runs the real binary (`sparsevol csi`, metrics
+// BenchmarkPluginIdleRSS runs the real binary (sparsevol-csi, metrics
 // on), serves a few calls of every service, lets it settle and prints its
 // resident set size. The loop measures a Probe round trip.
 func BenchmarkPluginIdleRSS(b *testing.B) {
 	testutil.RequireRoot(b)
 	dir := b.TempDir()
 	bin := filepath.Join(dir, "sparsevol")
-	if out, err := exec.Command("go", "build", "-trimpath", "-o", bin, "../../cmd/sparsevol").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-trimpath", "-o", bin, "../../cmd/sparsevol-csi").CombinedOutput(); err != nil {
 		b.Fatalf("build: %v: %s", err, out)
 	}
 	root := filepath.Join(dir, "store")
@@ -41,7 +41,7 @@ func BenchmarkPluginIdleRSS(b *testing.B) {
 	}
 	b.Cleanup(func() { os.RemoveAll(sockDir) })
 	sock := filepath.Join(sockDir, "csi.sock")
-	cmd := exec.Command(bin, "--root", root, "csi", "--endpoint", "unix://"+sock, "--node-id", "bench",
+	cmd := exec.Command(bin, "--root", root, "--endpoint", "unix://"+sock, "--node-id", "bench",
 		"--metrics-address", "127.0.0.1:0", "--log-level", "warn")
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -96,7 +96,7 @@ func BenchmarkPluginIdleRSS(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(rss)/(1<<20), "idle-RSS-MiB")
-	fmt.Printf("sparsevol csi: idle RSS %.1f MiB (target < %d MiB), socket after %s\n", float64(rss)/(1<<20), idleRSSTarget>>20, startup.Round(time.Millisecond))
+	fmt.Printf("sparsevol-csi: idle RSS %.1f MiB (target < %d MiB), socket after %s\n", float64(rss)/(1<<20), idleRSSTarget>>20, startup.Round(time.Millisecond))
 	if rss > idleRSSTarget {
 		b.Errorf("idle RSS %d bytes exceeds the %d MiB target", rss, idleRSSTarget>>20)
 	}

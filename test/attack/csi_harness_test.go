@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// plugin is `sparsevol csi` serving one case's store on a socket of its
+// plugin is sparsevol-csi serving one case's store on a socket of its
 // own, with a client connected to it.
 type plugin struct {
 	c       *kase
@@ -56,12 +56,12 @@ var (
 	kubeletDirOK   bool
 )
 
-// hasKubeletDir reports whether the CLI knows --kubelet-dir. The code
+// hasKubeletDir reports whether the plugin knows --kubelet-dir. The code
 // before it had no notion of a kubelet directory; the plugin is then
 // started without it, and the path cases show what it did.
 func hasKubeletDir(t *testing.T) bool {
 	kubeletDirOnce.Do(func() {
-		out, _ := exec.Command(bin, "csi", "--help").CombinedOutput()
+		out, _ := exec.Command(pluginBin, "--help").CombinedOutput()
 		kubeletDirOK = strings.Contains(string(out), "--kubelet-dir")
 		if !kubeletDirOK {
 			t.Log("this sparsevol has no --kubelet-dir; the plugin runs without it")
@@ -83,13 +83,13 @@ func (c *kase) startPlugin(umask string, extra ...string) *plugin {
 	}
 	p.sockDir, p.sock = dir, filepath.Join(dir, "csi.sock")
 	c.t.Cleanup(func() { os.RemoveAll(dir) })
-	args := []string{"--root", p.store, "--unit-dir", c.path("units"), "csi",
+	args := []string{"--root", p.store, "--unit-dir", c.path("units"),
 		"--endpoint", "unix://" + p.sock, "--node-id", "n", "--log-level", "debug"}
 	if hasKubeletDir(c.t) {
 		args = append(args, "--kubelet-dir", p.kubelet)
 	}
 	args = append(args, extra...)
-	p.cmd = exec.Command("/bin/sh", append([]string{"-c", `umask "$0"; exec "$@"`, umask, bin}, args...)...)
+	p.cmd = exec.Command("/bin/sh", append([]string{"-c", `umask "$0"; exec "$@"`, umask, pluginBin}, args...)...)
 	// Relative paths resolve in a directory of the case, watched.
 	p.cmd.Dir = c.mkdir("cwd")
 	c.watch(p.cmd.Dir)

@@ -34,8 +34,9 @@ func dial(sock string) int {
 	return 0
 }
 
-// bin is the sparsevol CLI built from this checkout by TestMain.
-var bin string
+// bin is the sparsevol CLI built from this checkout by TestMain, and
+// pluginBin the CSI plugin (sparsevol-csi).
+var bin, pluginBin string
 
 func TestMain(m *testing.M) {
 	if sock := os.Getenv(dialEnv); sock != "" {
@@ -57,7 +58,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "attack:", err)
 		os.Exit(1)
 	}
-	bin, err = build(dir)
+	bin, err = build(dir, "sparsevol")
+	if err == nil {
+		pluginBin, err = build(dir, "sparsevol-csi")
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "attack:", err)
 		os.RemoveAll(dir)
@@ -108,8 +112,9 @@ func releaseCopiedLoopMounts() error {
 	return nil
 }
 
-// build compiles ./cmd/sparsevol of the module this package belongs to.
-func build(dir string) (string, error) {
+// build compiles ./cmd/<name> of the module this package belongs to
+// into dir.
+func build(dir, name string) (string, error) {
 	gobin, err := exec.LookPath("go")
 	if err != nil {
 		gobin = filepath.Join(runtime.GOROOT(), "bin", "go") // sudo resets PATH
@@ -119,11 +124,11 @@ func build(dir string) (string, error) {
 		return "", fmt.Errorf("go env GOMOD: %w", err)
 	}
 	root := filepath.Dir(strings.TrimSpace(string(out)))
-	path := filepath.Join(dir, "sparsevol")
-	cmd := exec.Command(gobin, "build", "-tags", buildTags, "-o", path, "./cmd/sparsevol")
+	path := filepath.Join(dir, name)
+	cmd := exec.Command(gobin, "build", "-tags", buildTags, "-o", path, "./cmd/"+name)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build sparsevol: %w: %s", err, out)
+		return "", fmt.Errorf("build %s: %w: %s", name, err, out)
 	}
 	return path, nil
 }

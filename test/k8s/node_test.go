@@ -222,13 +222,13 @@ func installPlugin(mnt, repo, goCmd string) error {
 	}
 	defer os.RemoveAll(work)
 	for i, v := range pluginVersions {
-		bin := filepath.Join(work, "sparsevol-"+v)
+		bin := filepath.Join(work, "sparsevol-csi-"+v)
 		build := exec.Command(goCmd, "build", "-trimpath", "-o", bin,
-			"-ldflags", "-s -w -X github.com/sparsevol/sparsevol/internal/cli.version="+v, "./cmd/sparsevol")
+			"-ldflags", "-s -w -X github.com/sparsevol/sparsevol/internal/cli.version="+v, "./cmd/sparsevol-csi")
 		build.Dir = repo
 		build.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := build.CombinedOutput(); err != nil {
-			return fmt.Errorf("build sparsevol %s: %w: %s", v, err, out)
+			return fmt.Errorf("build sparsevol-csi %s: %w: %s", v, err, out)
 		}
 		tar := filepath.Join(mnt, libDir, "images", fmt.Sprintf("sparsevol-%d.tar", i+1))
 		if err := os.MkdirAll(filepath.Dir(tar), 0o755); err != nil {

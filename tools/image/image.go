@@ -19,9 +19,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
-// Where the plugin binary lives in the image (deploy/kubernetes runs it
-// from there).
-const binaryPath = "usr/local/bin/sparsevol"
+// Where the plugin binary (sparsevol-csi) lives in the image
+// (deploy/kubernetes runs it from there).
+const binaryPath = "usr/local/bin/sparsevol-csi"
 
 // packages are the Debian packages the image's files come from: the tools
 // the plugin runs and the libraries they link. Only the files tools names
@@ -58,7 +58,7 @@ const pathEnv = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/b
 
 // spec is everything an image is made of; equal specs give equal digests.
 type spec struct {
-	Binary  []byte            // the static sparsevol binary
+	Binary  []byte            // the static sparsevol-csi binary
 	Tree    *tree             // the unpacked packages
 	Debs    []deb             // their names and versions, for the label
 	Version string            // org.opencontainers.image.version
@@ -114,7 +114,7 @@ func build(s spec) (v1.Image, error) {
 	}
 	labels := map[string]string{
 		"org.opencontainers.image.title":       "sparsevol",
-		"org.opencontainers.image.description": "sparsevol CSI plugin: the static binary and the Debian tools it runs",
+		"org.opencontainers.image.description": "sparsevol CSI plugin: the static sparsevol-csi binary and the Debian tools it runs",
 		"org.opencontainers.image.source":      "https://github.com/sparsevol/sparsevol",
 		"org.opencontainers.image.version":     s.Version,
 		"io.sparsevol.debian-packages":         strings.Join(pkgs, " "),
@@ -222,15 +222,15 @@ func layer(entries []entry, epoch time.Time) (v1.Layer, error) {
 // tools' libraries only, and a glibc build would run on no other.
 func checkStatic(bin []byte) error {
 	if _, err := elf.NewFile(bytes.NewReader(bin)); err != nil {
-		return fmt.Errorf("sparsevol binary: %w", err)
+		return fmt.Errorf("plugin binary: %w", err)
 	}
 	needs, err := elfNeedsData(bin)
 	if err != nil {
-		return fmt.Errorf("sparsevol binary: %w", err)
+		return fmt.Errorf("plugin binary: %w", err)
 	}
 	if len(needs) > 0 {
 		sort.Strings(needs)
-		return fmt.Errorf("sparsevol binary is dynamically linked (%s): build it with CGO_ENABLED=0 (make build)", strings.Join(needs, ", "))
+		return fmt.Errorf("plugin binary is dynamically linked (%s): build it with CGO_ENABLED=0 (make build)", strings.Join(needs, ", "))
 	}
 	return nil
 }

@@ -65,7 +65,7 @@ var (
 	binErr  error
 )
 
-// staticBinary builds ./cmd/sparsevol of this checkout as make build does
+// staticBinary builds ./cmd/sparsevol-csi of this checkout as make build does
 // (CGO_ENABLED=0), once per test binary.
 func staticBinary(t *testing.T) string {
 	t.Helper()
@@ -75,8 +75,8 @@ func staticBinary(t *testing.T) string {
 			binErr = err
 			return
 		}
-		binPath = filepath.Join(dir, "sparsevol")
-		cmd := exec.Command("go", "build", "-trimpath", "-o", binPath, "./cmd/sparsevol")
+		binPath = filepath.Join(dir, "sparsevol-csi")
+		cmd := exec.Command("go", "build", "-trimpath", "-o", binPath, "./cmd/sparsevol-csi")
 		cmd.Dir = "../.."
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -85,7 +85,7 @@ func staticBinary(t *testing.T) string {
 		}
 	})
 	if binErr != nil {
-		t.Fatalf("build sparsevol: %v: %s", binErr, binPath)
+		t.Fatalf("build sparsevol-csi: %v: %s", binErr, binPath)
 	}
 	return binPath
 }
@@ -297,7 +297,7 @@ func TestToolsRun(t *testing.T) {
 		return string(out), err
 	}
 	for _, c := range [][]string{
-		{"/usr/local/bin/sparsevol", "version"},
+		{"/usr/local/bin/sparsevol-csi", "--version"},
 		{"mkfs.ext4", "-V"}, {"e2fsck", "-V"}, {"resize2fs", "-P", "/nonexistent"},
 		{"mkfs.xfs", "-V"}, {"xfs_growfs", "-V"}, {"xfs_repair", "-V"},
 		{"blkid", "-V"}, {"blockdev", "-V"}, {"fsck", "-V", "-N"}, {"partx", "-V"},

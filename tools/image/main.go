@@ -1,13 +1,13 @@
 // Command image builds the sparsevol plugin image without a container
-// daemon: the static binary plus the tools it runs (mkfs, fsck and resize
+// daemon: the static plugin binary (sparsevol-csi) plus the tools it runs (mkfs, fsck and resize
 // for ext4 and XFS, blkid, mount, sgdisk, sfdisk ...) with their shared
 // libraries, taken from the host's Debian packages (apt-get download into
 // a cache, dpkg-deb -x). It writes an archive that ctr images import,
 // docker load and podman load all read, and pushes it when asked. Equal
 // inputs (binary, package versions, SOURCE_DATE_EPOCH) give equal digests.
 //
-//	go run . -bin ../../bin/sparsevol -out ../../bin/sparsevol-image.tar
-//	go run . -bin ../../bin/sparsevol -push registry.example/sparsevol:v1
+//	go run . -bin ../../bin/sparsevol-csi -out ../../bin/sparsevol-image.tar
+//	go run . -bin ../../bin/sparsevol-csi -push registry.example/sparsevol:v1
 package main
 
 import (
@@ -33,11 +33,11 @@ const DefaultName = "ghcr.io/sparsevol/sparsevol:latest"
 
 func main() {
 	var o options
-	flag.StringVar(&o.bin, "bin", "", "the static sparsevol binary (required)")
+	flag.StringVar(&o.bin, "bin", "", "the static plugin binary, sparsevol-csi (required)")
 	flag.StringVar(&o.out, "out", "", "write the image archive here")
 	flag.StringVar(&o.name, "name", DefaultName, "the image name in the archive")
 	flag.StringVar(&o.push, "push", "", "push the image to this reference (credentials: docker's config)")
-	flag.StringVar(&o.version, "version", "", "the image's version label (default: the binary's `sparsevol version`)")
+	flag.StringVar(&o.version, "version", "", "the image's version label (default: the binary's --version)")
 	flag.StringVar(&o.cache, "cache", "/var/cache/sparsevol-image", "cache of the Debian packages and their unpacked trees")
 	flag.Parse()
 	if err := run(o); err != nil {
@@ -181,16 +181,16 @@ func sourceDateEpoch() (time.Time, error) {
 	return time.Unix(n, 0).UTC(), nil
 }
 
-// binaryVersion asks the binary for its version: `sparsevol version`
-// prints "sparsevol VERSION (commit ..., go...)".
+// binaryVersion asks the binary for its version: `sparsevol-csi
+// --version` prints "sparsevol VERSION (commit ..., go...)".
 func binaryVersion(bin string) (string, error) {
-	out, err := exec.Command(bin, "version").Output()
+	out, err := exec.Command(bin, "--version").Output()
 	if err != nil {
-		return "", fmt.Errorf("%s version: %w (or give -version)", bin, exitDetail(err))
+		return "", fmt.Errorf("%s --version: %w (or give -version)", bin, exitDetail(err))
 	}
 	f := strings.Fields(string(out))
 	if len(f) < 2 || f[0] != "sparsevol" {
-		return "", fmt.Errorf("%s version printed %q (give -version)", bin, bytes.TrimSpace(out))
+		return "", fmt.Errorf("%s --version printed %q (give -version)", bin, bytes.TrimSpace(out))
 	}
 	return f[1], nil
 }

@@ -145,7 +145,7 @@ func info(format string, contents files.Contents, scripts, version string, mtime
 		Description: "Persistent sparse-file volumes behind loop devices\n" +
 			"Volumes are sparse files on the node's own disk exposed through loop\n" +
 			"devices; systemd units bring them back at every boot, before kubelet.\n" +
-			"Also a CSI driver (sparsevol csi).",
+			"Also a CSI driver (sparsevol-csi).",
 		MTime: mtime,
 		Overridables: nfpm.Overridables{
 			Contents:   own,

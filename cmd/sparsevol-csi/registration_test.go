@@ -16,7 +16,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
 
-// `sparsevol csi --kubelet-registration-path DIR/` serves kubelet's
+// `sparsevol-csi --kubelet-registration-path DIR/` serves kubelet's
 // plugin-registration API next to CSI in the same process: GetInfo names
 // the CSI socket, kubelet's verdict is logged, and both sockets go away on
 // SIGTERM (which makes kubelet unregister the plugin).
@@ -28,7 +28,7 @@ func TestCSIKubeletRegistration(t *testing.T) {
 	}
 	csiSock := filepath.Join(dir, "plugins", "sparsevol", "csi.sock")
 	regDir := filepath.Join(dir, "plugins_registry")
-	cmd := exec.Command(os.Args[0], "--root", root, "csi",
+	cmd := exec.Command(os.Args[0], "--root", root,
 		"--endpoint", "unix://"+csiSock, "--node-id", "node-1",
 		"--driver-name", "sparsevol.test.example",
 		"--kubelet-registration-path", regDir+"/")
@@ -110,7 +110,7 @@ func TestCSIKubeletRegistration(t *testing.T) {
 func TestCSIKubeletRegistrationRefusesCSISocket(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "csi.sock")
-	r := sparsevol(t, dir, nil, "csi", "--endpoint", "unix://"+sock, "--node-id", "n",
+	r := plugin(t, dir, "--endpoint", "unix://"+sock, "--node-id", "n",
 		"--kubelet-registration-path", sock)
 	if r.code != 2 || !strings.Contains(r.stderr, "plugins_registry") {
 		t.Fatalf("exit %d, stderr %q; want exit 2 naming kubelet's plugin registry", r.code, r.stderr)
