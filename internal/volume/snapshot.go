@@ -481,8 +481,17 @@ func (s *Store) reserveSnapshot(v *Volume, name string, opts SnapshotOptions) (*
 		return nil, fmt.Errorf("snapshot %q is %s; delete it first: %w", name, sn.State, ErrNotReady)
 	}
 	// A copy may cost as much as the volume holds: the policy counts a
-	// snapshot's allocation as promised (it never grows beyond it).
-	if err := s.checkSpace(s.allocated(v.UUID), false); err != nil {
+	// snapshot's allocation as promised (it never grows beyond it). The
+	// snapshots listed above are the ones the policy counts.
+	vols, err := s.List()
+	if err != nil {
+		return nil, err
+	}
+	sp, err := s.spaceOf(vols, sns)
+	if err != nil {
+		return nil, err
+	}
+	if err := sp.allows(s.allocated(v.UUID), false); err != nil {
 		return nil, err
 	}
 	dir, err := s.snapDirFD() // made here, the first time

@@ -561,15 +561,20 @@ func (s *Store) Space() (Space, error) {
 }
 
 func (s *Store) space(vols []*Volume) (Space, error) {
+	sns, err := s.listSnapshots()
+	if err != nil {
+		return Space{}, err
+	}
+	return s.spaceOf(vols, sns)
+}
+
+// spaceOf is space for a caller that listed the snapshots (sns) already.
+func (s *Store) spaceOf(vols []*Volume, sns []*Snapshot) (Space, error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(s.root, &st); err != nil {
 		return Space{}, fmt.Errorf("statfs %s: %w", s.root, err)
 	}
 	sp := Space{FreeBytes: int64(st.Bavail) * st.Bsize, OvercommitRatio: s.opts.OvercommitRatio}
-	sns, err := s.listSnapshots()
-	if err != nil {
-		return Space{}, err
-	}
 	for _, v := range vols {
 		sp.CommittedBytes += max(v.SizeBytes, v.ExpandingTo)
 	}
@@ -610,6 +615,11 @@ func (s *Store) checkSpaceOf(vols []*Volume, delta int64, thick bool) error {
 	if err != nil {
 		return err
 	}
+	return sp.allows(delta, thick)
+}
+
+// allows refuses growth by delta bytes beyond sp, as checkSpace says.
+func (sp Space) allows(delta int64, thick bool) error {
 	if delta > sp.CapacityBytes {
 		return fmt.Errorf("%s requested, the store can promise %s more (free %s, committed %s, overcommit ratio %g): %w",
 			FormatSize(delta), FormatSize(sp.CapacityBytes), FormatSize(sp.FreeBytes), FormatSize(sp.CommittedBytes), sp.OvercommitRatio, ErrNoSpace)
