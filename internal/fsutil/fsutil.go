@@ -5,8 +5,10 @@ package fsutil
 
 import (
 	"errors"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 )
@@ -43,44 +45,90 @@ const (
 )
 
 // ReplaceFile replaces path with data through a temporary file in the
-// same directory renamed over path, flushing as flush says.
+// same directory, .tmp-<name>-<digits>, renamed over path, flushing as
+// flush says. A failure removes the temporary file.
 func ReplaceFile(path string, data []byte, perm os.FileMode, flush Flush) error {
 	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
+	tmp, fd, err := createTemp(dir, ".tmp-"+filepath.Base(path)+"-")
 	if err != nil {
 		return err
 	}
-	defer os.Remove(tmp.Name()) // no-op after a successful rename
-	if _, err = tmp.Write(data); err == nil && flush == FlushAll {
-		err = tmp.Sync()
+	err = writeAll(fd, tmp, data)
+	if err == nil && flush == FlushAll {
+		err = fsync(fd, tmp)
 	}
 	if err == nil {
-		err = tmp.Chmod(perm)
+		if err = unix.Fchmod(fd, uint32(perm.Perm())); err != nil {
+			err = &os.PathError{Op: "chmod", Path: tmp, Err: err}
+		}
 	}
 	if err == nil {
-		err = os.Rename(tmp.Name(), path)
+		if err = unix.Rename(tmp, path); err != nil {
+			err = &os.LinkError{Op: "rename", Old: tmp, New: path, Err: err}
+		}
 	}
-	switch {
-	case err != nil:
-	case flush == FlushAll:
+	if err != nil {
+		unix.Close(fd)
+		unix.Unlink(tmp)
+		return err
+	}
+	switch flush {
+	case FlushAll:
 		err = SyncDir(dir)
-	case flush == FlushOnce:
-		err = tmp.Sync() // the same inode, now named path
+	case FlushOnce:
+		err = fsync(fd, path) // the same inode, now named path
 	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
+	if cerr := unix.Close(fd); err == nil && cerr != nil {
+		err = &os.PathError{Op: "close", Path: path, Err: cerr}
 	}
 	return err
 }
 
+// createTemp makes a new file prefix<digits> in dir, open for writing,
+// as os.CreateTemp does, on a plain fd: metadata files need no poller.
+func createTemp(dir, prefix string) (string, int, error) {
+	for try := 0; ; try++ {
+		name := filepath.Join(dir, prefix+strconv.FormatUint(uint64(rand.Uint32()), 10))
+		fd, err := unix.Open(name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
+		if err == nil {
+			return name, fd, nil
+		}
+		if !errors.Is(err, unix.EEXIST) || try == 100 {
+			return "", -1, &os.PathError{Op: "createtemp", Path: filepath.Join(dir, prefix+"*"), Err: err}
+		}
+	}
+}
+
+// writeAll writes data to fd (the file path), short writes continued.
+func writeAll(fd int, path string, data []byte) error {
+	for len(data) > 0 {
+		n, err := unix.Write(fd, data)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return &os.PathError{Op: "write", Path: path, Err: err}
+		}
+		data = data[n:]
+	}
+	return nil
+}
+
+func fsync(fd int, path string) error {
+	if err := unix.Fsync(fd); err != nil {
+		return &os.PathError{Op: "sync", Path: path, Err: err}
+	}
+	return nil
+}
+
 // SyncDir fsyncs a directory, making renames and removals in it durable.
 func SyncDir(dir string) error {
-	d, err := os.Open(dir)
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return err
+		return &os.PathError{Op: "open", Path: dir, Err: err}
 	}
-	defer d.Close()
-	return d.Sync()
+	defer unix.Close(fd)
+	return fsync(fd, dir)
 }
 
 // ReplaceSymlink points link at target, creating link's directory if
