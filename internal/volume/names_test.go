@@ -5,6 +5,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/sparsevol/sparsevol/internal/loop"
@@ -80,5 +82,28 @@ func mustDo(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestUUIDShaped: ValidUUID and the UUID-shaped name rule accept what the
+// regular expressions of the UUID forms accept, over every byte at every
+// position of a UUID and lengths around it.
+func TestUUIDShaped(t *testing.T) {
+	lower := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+	anyCase := regexp.MustCompile(`^(?i)[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+	base := "0a1b2c3d-4e5f-6789-abcd-ef0123456789"
+	cases := []string{"", base, strings.ToUpper(base), base[1:], base + "0", base + "\n", "\n" + base[1:], nilUUID}
+	for i := range len(base) {
+		for c := range 256 {
+			cases = append(cases, base[:i]+string([]byte{byte(c)})+base[i+1:])
+		}
+	}
+	for _, s := range cases {
+		if got, want := ValidUUID(s), lower.MatchString(s); got != want {
+			t.Errorf("ValidUUID(%q) = %v, want %v", s, got, want)
+		}
+		if got, want := uuidShaped(s, true), anyCase.MatchString(s); got != want {
+			t.Errorf("uuidShaped(%q, true) = %v, want %v", s, got, want)
+		}
 	}
 }

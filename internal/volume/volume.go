@@ -17,6 +17,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -157,10 +158,30 @@ func (v *Volume) StablePath() string {
 // They do not depend on udev.
 var LinkDir = "/dev/sparsevol"
 
-var uuidRE = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
-
 // ValidUUID reports whether s is a canonical lower-case UUID.
-func ValidUUID(s string) bool { return uuidRE.MatchString(s) }
+func ValidUUID(s string) bool { return uuidShaped(s, false) }
+
+// uuidShaped reports whether s is 8-4-4-4-12 hexadecimal digits, lower
+// case only unless anyCase.
+func uuidShaped(s string, anyCase bool) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if c != '-' {
+				return false
+			}
+		case '0' <= c && c <= '9' || 'a' <= c && c <= 'f':
+		case anyCase && 'A' <= c && c <= 'F':
+		default:
+			return false
+		}
+	}
+	return true
+}
 
 // NewUUID returns a random (version 4) UUID.
 func NewUUID() string {
@@ -200,7 +221,7 @@ func ValidateName(name string) error {
 		return fmt.Errorf("name %q starts with %q: %w", name, name[:1], ErrInvalid)
 	case strings.Contains(name, ".."):
 		return fmt.Errorf("name %q contains \"..\": %w", name, ErrInvalid)
-	case uuidShapeRE.MatchString(name):
+	case uuidShaped(name, true):
 		return fmt.Errorf("name %q is shaped like a UUID, which would make it ambiguous with a volume's UUID: %w", name, ErrInvalid)
 	}
 	return nil
@@ -230,8 +251,6 @@ func describeByte(s string, i int) string {
 	return fmt.Sprintf("%+q (%U)", r, r)
 }
 
-var uuidShapeRE = regexp.MustCompile(`^(?i)[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
-
 // nilUUID is the all-zero UUID: no filesystem or partition can be told
 // apart by it.
 const nilUUID = "00000000-0000-0000-0000-000000000000"
@@ -242,8 +261,11 @@ const maxSize = math.MaxInt64 / 2
 
 // sizeRE is the grammar of ParseSize: a decimal number (digits, optionally
 // a fraction) and an optional unit, K M G T P in either case, optionally
-// followed by i, optionally followed by B (or a B alone: bytes).
-var sizeRE = regexp.MustCompile(`^([0-9]+(?:\.[0-9]+)?)(?:([KMGTPkmgtp])(i)?)?([Bb])?$`)
+// followed by i, optionally followed by B (or a B alone: bytes),
+// compiled on first use rather than at every start.
+var sizeRE = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^([0-9]+(?:\.[0-9]+)?)(?:([KMGTPkmgtp])(i)?)?([Bb])?$`)
+})
 
 // ParseSize parses bytes or a number with K/M/G/T/P or Ki/Mi/Gi/Ti/Pi (all
 // powers of 1024, optionally followed by B). The number is decimal digits
@@ -251,7 +273,7 @@ var sizeRE = regexp.MustCompile(`^([0-9]+(?:\.[0-9]+)?)(?:([KMGTPkmgtp])(i)?)?([
 // result is rounded up to a whole byte; zero and sizes beyond 4 EiB are
 // rejected.
 func ParseSize(s string) (int64, error) {
-	m := sizeRE.FindStringSubmatch(s)
+	m := sizeRE().FindStringSubmatch(s)
 	if m == nil {
 		return 0, fmt.Errorf("size %q: want bytes or a number with K, M, G, T, P (or Ki, Mi, Gi, Ti, Pi), digits and an optional fraction only: %w", s, ErrInvalid)
 	}
