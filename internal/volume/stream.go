@@ -64,7 +64,7 @@ func streamSum(version uint32) (hash.Hash, bool) {
 	case 1:
 		return sha256.New(), true
 	case 2:
-		return crc32.New(castagnoli), true
+		return crc32.New(castagnoli()), true
 	}
 	return nil, false
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"os"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -56,7 +57,10 @@ const (
 	ext3Incompat = 0x0002 | 0x0004 | 0x0010 // filetype, recover, meta_bg
 )
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+// castagnoli is the CRC-32C table, made at its first use: making it
+// computes the hardware tables too, work every start of the binary would
+// do otherwise.
+var castagnoli = sync.OnceValue(func() *crc32.Table { return crc32.MakeTable(crc32.Castagnoli) })
 
 func ext4Superblock(sb []byte) Found {
 	le := binary.LittleEndian
@@ -74,7 +78,7 @@ func ext4Superblock(sb []byte) Found {
 		return Found{} // nothing to prove the superblock whole with
 	}
 	// The kernel's crc32c: seed ~0, no final inversion.
-	if ^crc32.Checksum(sb[:extChecksumOff], castagnoli) != le.Uint32(sb[extChecksumOff:]) {
+	if ^crc32.Checksum(sb[:extChecksumOff], castagnoli()) != le.Uint32(sb[extChecksumOff:]) {
 		return Found{}
 	}
 	return Found{Type: "ext4", UUID: formatUUID(sb[extUUIDOff : extUUIDOff+16])}
@@ -108,9 +112,9 @@ func xfsSuperblock(f *os.File, buf []byte) Found {
 	}
 	sector := buf[:sect]
 	stored := binary.LittleEndian.Uint32(sector[xfsCRCOff:])
-	crc := crc32.Update(0, castagnoli, sector[:xfsCRCOff])
-	crc = crc32.Update(crc, castagnoli, make([]byte, 4))
-	crc = crc32.Update(crc, castagnoli, sector[xfsCRCOff+4:])
+	crc := crc32.Update(0, castagnoli(), sector[:xfsCRCOff])
+	crc = crc32.Update(crc, castagnoli(), make([]byte, 4))
+	crc = crc32.Update(crc, castagnoli(), sector[xfsCRCOff+4:])
 	if crc != stored {
 		return Found{}
 	}
