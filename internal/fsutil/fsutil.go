@@ -121,6 +121,47 @@ func fsync(fd int, path string) error {
 	return nil
 }
 
+// ReadFile returns the content of the file path, as os.ReadFile does
+// (its errors are *os.PathError), read through a plain fd: a regular
+// file needs no poller.
+func ReadFile(path string) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, &os.PathError{Op: "stat", Path: path, Err: err}
+	}
+	data := make([]byte, 0, max(st.Size, 0)+1)
+	for {
+		if len(data) == cap(data) {
+			data = append(data, 0)[:len(data)]
+		}
+		n, err := unix.Read(fd, data[len(data):cap(data)])
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return nil, &os.PathError{Op: "read", Path: path, Err: err}
+		case n == 0:
+			return data, nil
+		}
+		data = data[:len(data)+n]
+	}
+}
+
+// OpenDir opens the directory path for reading its entries, as os.Open
+// does, through a plain fd: a directory needs no poller.
+func OpenDir(path string) (*os.File, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}
+
 // SyncDir fsyncs a directory, making renames and removals in it durable.
 func SyncDir(dir string) error {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)

@@ -1,7 +1,10 @@
 package fsutil
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -44,5 +47,40 @@ func TestReplaceSymlink(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(filepath.Dir(link)); len(entries) != 1 {
 		t.Errorf("temporary links left: %v", entries)
+	}
+}
+
+// TestReadFile: ReadFile returns what os.ReadFile does, an empty file and
+// one larger than its first read included; a missing file is
+// fs.ErrNotExist.
+func TestReadFile(t *testing.T) {
+	dir := t.TempDir()
+	for _, n := range []int{0, 1, 4096, 1 << 20} {
+		path := filepath.Join(dir, fmt.Sprint(n))
+		want := make([]byte, n)
+		for i := range want {
+			want[i] = byte(i * 7)
+		}
+		if err := os.WriteFile(path, want, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		got, err := ReadFile(path)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("%d bytes: read %d, %v", n, len(got), err)
+		}
+	}
+	if _, err := ReadFile(filepath.Join(dir, "missing")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("missing file: %v, want fs.ErrNotExist", err)
+	}
+	f, err := OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if names, err := f.Readdirnames(-1); err != nil || len(names) != 4 {
+		t.Fatalf("OpenDir: entries %v, %v", names, err)
+	}
+	if _, err := OpenDir(filepath.Join(dir, "0")); err == nil {
+		t.Fatal("OpenDir opened a regular file")
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -128,7 +129,7 @@ func (s *Store) writeSnapMeta(sn *Snapshot, flush fsutil.Flush) error {
 // ErrSnapshotNotFound, unreadable or naming another snapshot ErrBroken.
 func (s *Store) readSnapMeta(uuid string) (*Snapshot, error) {
 	path := s.snapMetaPath(uuid)
-	data, err := os.ReadFile(path)
+	data, err := fsutil.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("snapshot %s: %w", uuid, ErrSnapshotNotFound)
 	}
@@ -167,10 +168,16 @@ func (s *Store) readSnapDir() ([]os.DirEntry, error) {
 	case !fi.IsDir():
 		return nil, fmt.Errorf("snapshot directory %s is not a directory (a symbolic link?); inspect it with `ls -ld %s`: %w", dir, dir, ErrUnsafe)
 	}
-	entries, err := os.ReadDir(dir)
+	f, err := fsutil.OpenDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("list snapshots of %s: %w", s.root, err)
 	}
+	entries, err := f.ReadDir(-1)
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("list snapshots of %s: %w", s.root, err)
+	}
+	slices.SortFunc(entries, func(a, b os.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
 	return entries, nil
 }
 

@@ -364,7 +364,7 @@ func (s *Store) putMeta(v *Volume, flush fsutil.Flush) error {
 // is ErrBroken, naming the file.
 func (s *Store) readMeta(uuid string) (*Volume, error) {
 	path := s.metaPath(uuid)
-	data, err := os.ReadFile(path)
+	data, err := fsutil.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("volume %s: %w", uuid, ErrNotFound)
 	}
@@ -452,7 +452,7 @@ func (s *Store) List() ([]*Volume, error) {
 // one volume reads the directory at all.
 func (s *Store) uuids() ([]string, error) {
 	storeDirReads.Add(1)
-	f, err := os.Open(s.root)
+	f, err := fsutil.OpenDir(s.root)
 	if err != nil {
 		return nil, fmt.Errorf("list store %s: %w", s.root, err)
 	}
