@@ -160,6 +160,29 @@ func (s *Store) sharedBytes(uuid string) int64 {
 	return u.sharedBytes()
 }
 
+// snapshotsHeld is what the files of sns hold (st_blocks), as allocation
+// counts it: nothing for a file that is missing or breaks the rules.
+func (s *Store) snapshotsHeld(sns []*Snapshot) int64 {
+	if len(sns) == 0 {
+		return 0
+	}
+	dir, err := s.snapDirFD()
+	if err != nil {
+		return 0
+	}
+	defer unix.Close(dir)
+	var held int64
+	for _, sn := range sns {
+		if sn.State == StateBroken {
+			continue
+		}
+		if st, err := s.statIn(dir, sn.UUID, "snapshot file", s.snapPath(sn.UUID)); err == nil {
+			held += st.Blocks * 512
+		}
+	}
+	return held
+}
+
 // allocation measures the store's volumes and snapshots: what their files
 // occupy together (shared extents once), and what the snapshots' files
 // hold (each may come to own all of it as its source changes).

@@ -494,11 +494,7 @@ func (s *Store) reserveSnapshot(v *Volume, name string, opts SnapshotOptions) (*
 	if err != nil {
 		return nil, err
 	}
-	sp, err := s.spaceOf(vols, sns)
-	if err != nil {
-		return nil, err
-	}
-	if err := sp.allows(s.allocated(v.UUID), false); err != nil {
+	if err := s.checkSpaceIn(vols, sns, s.allocated(v.UUID), false); err != nil {
 		return nil, err
 	}
 	dir, err := s.snapDirFD() // made here, the first time

@@ -3,6 +3,7 @@ package volume
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"math"
 	"os"
 	"testing"
@@ -102,5 +103,43 @@ func writeFileAt(t *testing.T, path string, off, n int64) {
 	}
 	if err := f.Sync(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestSpaceCheckAgrees: the space check lets through without measuring
+// the files only what the full figures allow too. With a snapshot in the
+// store, growth well within the free space, growth that needs what the
+// files hold counted, and growth beyond the capacity are decided as
+// Space's figures say.
+func TestSpaceCheckAgrees(t *testing.T) {
+	for _, sk := range storeKinds {
+		t.Run(sk.fs, func(t *testing.T) {
+			s := fsStore(t, sk.fs, Options{})
+			ctx := context.Background()
+			v := mustCreate(t, s, CreateRequest{Name: "v", SizeBytes: 64 << 20, Mode: ModeBlock, NoPartition: true})
+			writeFileAt(t, v.BackingFile, 0, 32<<20)
+			if _, err := s.CreateSnapshot(ctx, v.Name, "s", SnapshotOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			sp, err := s.Space()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sp.AllocatedBytes < 16<<20 {
+				t.Fatalf("allocated %d, want the volume's 32MiB counted", sp.AllocatedBytes)
+			}
+			// Free space moves a little as the filesystem settles: a
+			// margin well below what the files hold.
+			const margin = 4 << 20
+			for _, c := range []struct {
+				delta int64
+				ok    bool
+			}{{1 << 20, true}, {sp.CapacityBytes - margin, true}, {sp.CapacityBytes + margin, false}} {
+				err := s.checkSpace(c.delta, false)
+				if c.ok && err != nil || !c.ok && !errors.Is(err, ErrNoSpace) {
+					t.Errorf("checkSpace(%d) with capacity %d (allocated %d) = %v, want allowed %v", c.delta, sp.CapacityBytes, sp.AllocatedBytes, err, c.ok)
+				}
+			}
+		})
 	}
 }
