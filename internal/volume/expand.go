@@ -10,8 +10,6 @@ import (
 	"strconv"
 
 	"golang.org/x/sys/unix"
-	mount "k8s.io/mount-utils"
-	utilexec "k8s.io/utils/exec"
 
 	"github.com/sparsevol/sparsevol/internal/loop"
 )
@@ -317,35 +315,40 @@ func (s *Store) growPartition(ctx context.Context, v *Volume, dev *loop.Device) 
 	return nil
 }
 
-// growFS grows the filesystem on device: online at its mount point;
-// offline for an unmounted ext4 (e2fsck, then resize2fs: no capability
-// beyond access to the device needed); through a private temporary mount
-// for an unmounted XFS, which only grows mounted.
+// growFS grows the filesystem on device: online at its mount point
+// (resize2fs on the device for ext4, xfs_growfs on the mount point for
+// XFS); offline for an unmounted ext4 (e2fsck, then resize2fs: no
+// capability beyond access to the device needed); through a private
+// temporary mount for an unmounted XFS, which only grows mounted. The
+// tools run as every program the store runs: dying with the CLI.
 func (s *Store) growFS(ctx context.Context, v *Volume, device string) error {
-	resizer := mount.NewResizeFs(utilexec.New())
 	mounts, err := loop.MountPoints(device)
 	if err != nil {
 		return fmt.Errorf("expand %s: %w", v.Name, err)
 	}
-	if len(mounts) > 0 {
-		if _, err := resizer.Resize(device, mounts[0]); err != nil {
+	switch {
+	case v.FSType == "ext4":
+		if len(mounts) == 0 {
+			// e2fsck -p exits 1 when it fixed something, which is fine here.
+			if out, err := s.run.run(ctx, "e2fsck", "-f", "-p", device); err != nil && exitCode(err) != 1 {
+				return fmt.Errorf("expand %s: %w (%s)", v.Name, err, out)
+			}
+		}
+		if _, err := s.run.run(ctx, "resize2fs", device); err != nil {
 			return fmt.Errorf("expand %s: %w", v.Name, err)
 		}
 		return nil
-	}
-	if v.FSType == "ext4" {
-		// e2fsck -p exits 1 when it fixed something, which is fine here.
-		if out, err := s.run.run(ctx, "e2fsck", "-f", "-p", device); err != nil && exitCode(err) != 1 {
-			return fmt.Errorf("expand %s: %w (%s)", v.Name, err, out)
-		}
-		if _, err := s.run.run(ctx, "resize2fs", device); err != nil {
+	case v.FSType != "xfs":
+		return fmt.Errorf("expand %s: sparsevol grows ext4 and xfs, not %q", v.Name, v.FSType)
+	case len(mounts) > 0:
+		if _, err := s.run.run(ctx, "xfs_growfs", "-d", mounts[0]); err != nil {
 			return fmt.Errorf("expand %s: %w", v.Name, err)
 		}
 		return nil
 	}
 	err = s.tempMount(v, device, "", func(dir string) error {
 		crashPoint("expand:mounted")
-		_, err := resizer.Resize(device, dir)
+		_, err := s.run.run(ctx, "xfs_growfs", "-d", dir)
 		return err
 	})
 	if err != nil {
