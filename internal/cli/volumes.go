@@ -144,11 +144,12 @@ VOLUME is a name or a UUID. This is the unit's ExecStart.`,
 				// One pass for the lot: one scan, parallel binds, one udev wait.
 				return g.printAttached(s.AttachMany(cmd.Context(), args))
 			}
-			st, err := s.Attach(cmd.Context(), args[0])
+			v, device, err := s.AttachDevice(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
-			return g.printAttached([]*volume.Status{st}, nil)
+			_, err = fmt.Fprintf(g.stdout, "%s\t%s\n", v.Name, device)
+			return err
 		},
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "attach every volume of the store")

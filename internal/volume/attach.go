@@ -378,6 +378,21 @@ func (s *Store) Attach(ctx context.Context, ref string) (*Status, error) {
 	return st, err
 }
 
+// AttachDevice is Attach for a caller that needs only the volume and the
+// path of its loop device: what `sparsevol attach VOLUME` prints and a
+// unit's start needs. The same attach, proofs and links; no status
+// (backing file, mount points, stable path) is gathered after it.
+func (s *Store) AttachDevice(ctx context.Context, ref string) (v *Volume, device string, err error) {
+	err = s.withVolume(ref, func(locked *Volume) error {
+		dev, _, err := s.attachLocked(ctx, locked)
+		if err == nil {
+			v, device = locked, dev.Path
+		}
+		return err
+	})
+	return v, device, err
+}
+
 // attachLocked is Attach for a caller holding v's lock: the device, the
 // backing file's identity recorded, the links published.
 // fresh says this call bound the device.

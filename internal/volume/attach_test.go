@@ -14,8 +14,9 @@ import (
 // TestAttachDetachWhateverTheLink: attach and detach read the device the
 // volume's link names first; whatever became of the link since (removed,
 // pointed at another device, a foreign device bound next to ours), a
-// second attach keeps the one device, detach removes exactly ours, and
-// devices someone else bound are left alone.
+// second attach (AttachDevice, the command line's) keeps the one device,
+// detach removes exactly ours, and devices someone else bound are left
+// alone.
 func TestAttachDetachWhateverTheLink(t *testing.T) {
 	ctx := context.Background()
 	tests := []struct {
@@ -56,12 +57,12 @@ func TestAttachDetachWhateverTheLink(t *testing.T) {
 				t.Fatal(err)
 			}
 			keep := tt.meddle(t, v, first.Device)
-			second, err := s.Attach(ctx, v.UUID)
+			_, second, err := s.AttachDevice(ctx, v.UUID)
 			if err != nil {
 				t.Fatalf("second attach: %v", err)
 			}
-			if second.Device != first.Device {
-				t.Fatalf("second attach gave %s, first %s", second.Device, first.Device)
+			if second != first.Device {
+				t.Fatalf("second attach gave %s, first %s", second, first.Device)
 			}
 			if st, _ := s.Status(v.UUID); len(st.ExtraDevices) > 0 {
 				t.Fatalf("attached twice: %s and %v", st.Device, st.ExtraDevices)

@@ -93,7 +93,7 @@ func (s *Store) activate(ctx context.Context, v *Volume, start bool) error {
 	if !start {
 		return nil
 	}
-	_, err := s.Attach(ctx, v.UUID)
+	_, _, err := s.AttachDevice(ctx, v.UUID)
 	return err
 }
 
