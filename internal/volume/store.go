@@ -278,23 +278,61 @@ func (s *Store) lock(name string) (func(), error) { return s.flock(name, unix.LO
 // once, with an error that wraps unix.EWOULDBLOCK.
 func (s *Store) tryLock(name string) (func(), error) { return s.flock(name, unix.LOCK_EX|unix.LOCK_NB) }
 
+// flock takes the lock file name's flock. A lock file is removed only by
+// its holder (removeLock), so one that is no longer named name once its
+// flock is taken was removed while this call waited: flock then locks
+// the file that name is now, which makes the lock mean the name, not an
+// inode.
 func (s *Store) flock(name string, how int) (func(), error) {
-	fd, err := s.openLockFile(name, unix.O_RDWR, true)
+	dir, err := s.lockDirFD()
 	if err != nil {
 		return nil, fmt.Errorf("lock %s: %w", name, err)
 	}
+	defer unix.Close(dir)
 	for {
-		err = unix.Flock(fd, how)
-		if !errors.Is(err, unix.EINTR) {
-			break
+		fd, err := s.openLockIn(dir, name, unix.O_RDWR, true)
+		if err != nil {
+			return nil, fmt.Errorf("lock %s: %w", name, err)
+		}
+		for {
+			err = unix.Flock(fd, how)
+			if !errors.Is(err, unix.EINTR) {
+				break
+			}
+		}
+		var held, named unix.Stat_t
+		if err == nil {
+			if err = unix.Fstat(fd, &held); err == nil {
+				err = unix.Fstatat(dir, name, &named, unix.AT_SYMLINK_NOFOLLOW)
+			}
+		}
+		switch {
+		case err == nil && held.Dev == named.Dev && held.Ino == named.Ino:
+			// Once: a second close could hit an fd number reused meanwhile.
+			return sync.OnceFunc(func() { unix.Close(fd) }), nil
+		case err == nil, errors.Is(err, unix.ENOENT):
+			unix.Close(fd) // removed or replaced while we waited
+		default:
+			unix.Close(fd)
+			return nil, fmt.Errorf("lock %s: %w", name, err)
 		}
 	}
+}
+
+// removeLock removes the lock file name, which the caller holds: the
+// volume or snapshot it serves is gone, and so goes its lock file rather
+// than staying in .locks for good. Whoever waits on it locks the file
+// the name is next (flock). Best effort: a file left costs nothing but
+// its name.
+func (s *Store) removeLock(name string) {
+	dir, err := s.lockDirFD()
 	if err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("lock %s: %w", name, err)
+		return
 	}
-	// Once: a second close could hit an fd number reused meanwhile.
-	return sync.OnceFunc(func() { unix.Close(fd) }), nil
+	defer unix.Close(dir)
+	if err := unix.Unlinkat(dir, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		s.log.Debug("lock file not removed", "lock", name, "error", err)
+	}
 }
 
 // lockDirFD opens <root>/.locks as subdirFD does. The caller closes the fd.
@@ -322,6 +360,11 @@ func (s *Store) openLockFile(name string, flags int, create bool) (int, error) {
 		return -1, err
 	}
 	defer unix.Close(dir)
+	return s.openLockIn(dir, name, flags, create)
+}
+
+// openLockIn is openLockFile in dir, an fd of the lock directory.
+func (s *Store) openLockIn(dir int, name string, flags int, create bool) (int, error) {
 	path := filepath.Join(s.root, lockDir, name)
 	if create {
 		fd, err := unix.Openat(dir, name, flags|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
