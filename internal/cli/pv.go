@@ -1,14 +1,12 @@
 package cli
 
 import (
-	"fmt"
-	"maps"
 	"os"
-	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/yaml"
 
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
@@ -44,11 +42,16 @@ for whole raw volumes), pinned to this node with nodeAffinity.`,
 				if node, err = os.Hostname(); err != nil {
 					return err
 				}
-				if err := checkK8sName("node (this host's name)", node, isLabelValue); err != nil {
+				if err := checkK8sName("node (this host's name)", node, validation.IsValidLabelValue); err != nil {
 					return err
 				}
 			}
-			_, err = g.stdout.Write(buildPV(v, name, storageClass, node).manifest())
+			pv := buildPV(v, name, storageClass, node)
+			data, err := yaml.Marshal(pv)
+			if err != nil {
+				return err
+			}
+			_, err = g.stdout.Write(data)
 			return err
 		},
 	}
@@ -67,9 +70,9 @@ func checkPVFlags(name, storageClass, node string) error {
 		flag, value string
 		check       func(string) []string
 	}{
-		{"--name", name, isDNS1123Subdomain},
-		{"--storage-class", storageClass, isDNS1123Subdomain},
-		{"--node", node, isLabelValue},
+		{"--name", name, validation.IsDNS1123Subdomain},
+		{"--storage-class", storageClass, validation.IsDNS1123Subdomain},
+		{"--node", node, validation.IsValidLabelValue},
 	} {
 		if f.value == "" {
 			continue
@@ -90,10 +93,9 @@ func checkK8sName(what, value string, check func(string) []string) error {
 
 // persistentVolume is the part of Kubernetes' core/v1 PersistentVolume
 // that `sparsevol pv` writes, with the API's field names. It is declared
-// here rather than taken from k8s.io/api, and written by manifest rather
-// than a YAML package: those package trees cost every start of every node
-// command their package initialisation (tests decode the manifest as the
-// real type, and against what sigs.k8s.io/yaml makes of these structs).
+// here rather than taken from k8s.io/api: that package tree costs every
+// start of every node command its package initialisation (a test checks
+// the manifest against the real type).
 type persistentVolume struct {
 	APIVersion string     `json:"apiVersion"`
 	Kind       string     `json:"kind"`
@@ -140,7 +142,7 @@ type nodeSelectorRequirement struct {
 func buildPV(v *volume.Volume, name, storageClass, node string) *persistentVolume {
 	if name == "" {
 		name = v.Name
-		if len(isDNS1123Subdomain(name)) > 0 {
+		if len(validation.IsDNS1123Subdomain(name)) > 0 {
 			name = "sparsevol-" + v.UUID
 		}
 	}
@@ -175,139 +177,3 @@ func buildPV(v *volume.Volume, name, storageClass, node string) *persistentVolum
 	}}
 	return pv
 }
-
-// manifest is pv as YAML, laid out as sigs.k8s.io/yaml lays it out (keys
-// sorted, two spaces a level, a sequence at its key's indentation); each
-// string is yamlString's.
-func (pv *persistentVolume) manifest() []byte {
-	var b strings.Builder
-	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
-	q := yamlString
-	sortedMap := func(indent string, m map[string]string) {
-		for _, k := range slices.Sorted(maps.Keys(m)) {
-			w("%s%s: %s\n", indent, q(k), q(m[k]))
-		}
-	}
-	w("apiVersion: %s\nkind: %s\nmetadata:\n", q(pv.APIVersion), q(pv.Kind))
-	if len(pv.Metadata.Labels) > 0 {
-		w("  labels:\n")
-		sortedMap("    ", pv.Metadata.Labels)
-	}
-	sp := pv.Spec
-	w("  name: %s\nspec:\n  accessModes:\n", q(pv.Metadata.Name))
-	for _, m := range sp.AccessModes {
-		w("  - %s\n", q(m))
-	}
-	w("  capacity:\n")
-	sortedMap("    ", sp.Capacity)
-	w("  local:\n")
-	if sp.Local.FSType != "" {
-		w("    fsType: %s\n", q(sp.Local.FSType))
-	}
-	w("    path: %s\n  nodeAffinity:\n    required:\n      nodeSelectorTerms:\n", q(sp.Local.Path))
-	for _, t := range sp.NodeAffinity.Required.NodeSelectorTerms {
-		w("      - matchExpressions:\n")
-		for _, e := range t.MatchExpressions {
-			w("        - key: %s\n          operator: %s\n          values:\n", q(e.Key), q(e.Operator))
-			for _, v := range e.Values {
-				w("          - %s\n", q(v))
-			}
-		}
-	}
-	w("  persistentVolumeReclaimPolicy: %s\n", q(sp.PersistentVolumeReclaimPolicy))
-	if sp.StorageClassName != "" {
-		w("  storageClassName: %s\n", q(sp.StorageClassName))
-	}
-	w("  volumeMode: %s\n", q(sp.VolumeMode))
-	return []byte(b.String())
-}
-
-// yamlString is s as a YAML scalar that reads back as the string s: plain
-// where no YAML 1.1 reader can take it for anything else (a number, a
-// time, a boolean, null, or syntax), else double-quoted. Plain: letters,
-// digits and "._/-" only, starting with a letter or '/', or with a digit
-// where a letter no number or time has follows, or a UUID; and none of
-// YAML 1.1's words for booleans and null.
-func yamlString(s string) string {
-	plain := s != "" && strings.Trim(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._/-") == ""
-	switch {
-	case !plain:
-	case 'a' <= s[0]|0x20 && s[0]|0x20 <= 'z' || s[0] == '/':
-	case '0' <= s[0] && s[0] <= '9':
-		plain = volume.ValidUUID(s) || strings.Trim(s, "0123456789._/-abcdefABCDEFbBoOxXeEtTzZ") != ""
-	default:
-		plain = false
-	}
-	switch s {
-	case "y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No", "NO",
-		"true", "True", "TRUE", "false", "False", "FALSE",
-		"on", "On", "ON", "off", "Off", "OFF", "null", "Null", "NULL":
-		plain = false
-	}
-	if plain {
-		return s
-	}
-	return strconv.QuoteToASCII(s)
-}
-
-// Kubernetes' rules for the names in the manifest, with its messages word
-// for word, as k8s.io/apimachinery's util/validation states them; written
-// out rather than imported, for that package's initialisation (regular
-// expressions, and klog and net) ran at every start of every node
-// command. A test holds them to apimachinery's.
-const (
-	dns1123SubdomainMaxLength = 253
-	dns1123SubdomainError     = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
-	labelValueMaxLength       = 63
-	labelValueError           = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"
-)
-
-// isDNS1123Subdomain is apimachinery's IsDNS1123Subdomain: the problems
-// with value as an RFC 1123 subdomain (an object name), none if it is one.
-func isDNS1123Subdomain(value string) []string {
-	var errs []string
-	if len(value) > dns1123SubdomainMaxLength {
-		errs = append(errs, maxLenError(dns1123SubdomainMaxLength, "characters"))
-	}
-	for label := range strings.SplitSeq(value, ".") {
-		if !edgedBy(label, isLowerAlnum, func(c byte) bool { return isLowerAlnum(c) || c == '-' }) {
-			return append(errs, dns1123SubdomainError)
-		}
-	}
-	return errs
-}
-
-// isLabelValue is apimachinery's IsValidLabelValue: the problems with
-// value as a label value, none if it is one (empty is one).
-func isLabelValue(value string) []string {
-	var errs []string
-	if len(value) > labelValueMaxLength {
-		errs = append(errs, maxLenError(labelValueMaxLength, "bytes"))
-	}
-	if value != "" && !edgedBy(value, isAlnum, func(c byte) bool { return isAlnum(c) || c == '-' || c == '_' || c == '.' }) {
-		errs = append(errs, labelValueError)
-	}
-	return errs
-}
-
-func maxLenError(n int, unit string) string {
-	return fmt.Sprintf("must be no more than %d %s", n, unit)
-}
-
-// edgedBy reports whether s is not empty, starts and ends with a byte
-// edge accepts, and has only bytes inner accepts between.
-func edgedBy(s string, edge, inner func(byte) bool) bool {
-	if s == "" || !edge(s[0]) || !edge(s[len(s)-1]) {
-		return false
-	}
-	for i := 1; i < len(s)-1; i++ {
-		if !inner(s[i]) {
-			return false
-		}
-	}
-	return true
-}
-
-func isLowerAlnum(c byte) bool { return 'a' <= c && c <= 'z' || '0' <= c && c <= '9' }
-
-func isAlnum(c byte) bool { return isLowerAlnum(c) || 'A' <= c && c <= 'Z' }
