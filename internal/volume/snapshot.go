@@ -96,16 +96,9 @@ func (s *Store) snapMetaPath(uuid string) string { return filepath.Join(s.root, 
 func (s *Store) snapPath(uuid string) string     { return filepath.Join(s.root, snapDir, uuid) }
 func snapLock(uuid string) string                { return "snapshot-" + uuid }
 
-// snapDirFD opens <root>/.snapshots as subdirFD does. The caller closes
+// snapDirFD opens <root>/.snapshots (storeSubdirFD). The caller closes
 // the fd.
-func (s *Store) snapDirFD() (int, error) {
-	dir, err := s.dirFD()
-	if err != nil {
-		return -1, err
-	}
-	defer unix.Close(dir)
-	return s.subdirFD(dir, snapDir, "snapshot directory", filepath.Join(s.root, snapDir))
-}
+func (s *Store) snapDirFD() (int, error) { return s.storeSubdirFD(snapDir, "snapshot directory") }
 
 // writeSnapMeta replaces sn's metadata atomically, flushing as flush says
 // (fsutil.Flush): nothing for the creating record (nobody is told of the

@@ -335,15 +335,8 @@ func (s *Store) removeLock(name string) {
 	}
 }
 
-// lockDirFD opens <root>/.locks as subdirFD does. The caller closes the fd.
-func (s *Store) lockDirFD() (int, error) {
-	dir, err := s.dirFD()
-	if err != nil {
-		return -1, err
-	}
-	defer unix.Close(dir)
-	return s.subdirFD(dir, lockDir, "lock directory", filepath.Join(s.root, lockDir))
-}
+// lockDirFD opens <root>/.locks (storeSubdirFD). The caller closes the fd.
+func (s *Store) lockDirFD() (int, error) { return s.storeSubdirFD(lockDir, "lock directory") }
 
 // openLockFile opens the lock file <root>/.locks/<name> with flags
 // (O_RDONLY, O_WRONLY or O_RDWR), making it if missing and create is set.
