@@ -23,8 +23,9 @@ func timeIt(f func() error) (time.Duration, error) {
 	return time.Since(start), err
 }
 
-// proc runs the binary and returns wall time and peak RSS (bytes).
-func proc(ctx context.Context, bin string, args ...string) (time.Duration, int64, error) {
+// proc runs the binary and returns its wall time and resource usage
+// (peak RSS in KiB, page faults).
+func proc(ctx context.Context, bin string, args ...string) (time.Duration, *syscall.Rusage, error) {
 	cmd := exec.CommandContext(ctx, bin, args...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -32,9 +33,9 @@ func proc(ctx context.Context, bin string, args ...string) (time.Duration, int64
 	err := cmd.Run()
 	wall := time.Since(start)
 	if err != nil {
-		return wall, 0, fmt.Errorf("%s %s: %w: %s", bin, strings.Join(args, " "), err, stderr.String())
+		return wall, nil, fmt.Errorf("%s %s: %w: %s", bin, strings.Join(args, " "), err, stderr.String())
 	}
-	return wall, cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss * 1024, nil
+	return wall, cmd.ProcessState.SysUsage().(*syscall.Rusage), nil
 }
 
 // runAttach: attach and detach of c.volumes volumes, engine against one
@@ -120,11 +121,11 @@ func runAttach(ctx context.Context, c *config, r *report) error {
 		}
 		loD = append(loD, d)
 
-		d, m, err := proc(ctx, c.bin, "--root", s.Root(), "attach", "--all")
+		d, ru, err := proc(ctx, c.bin, "--root", s.Root(), "attach", "--all")
 		if err != nil {
 			return err
 		}
-		boots, rss = append(boots, d), max(rss, m)
+		boots, rss = append(boots, d), max(rss, ru.Maxrss*1024)
 		if round == 0 {
 			sts, err := s.Statuses()
 			if err != nil {
