@@ -325,14 +325,14 @@ func TestCommandsEndToEnd(t *testing.T) {
 			t.Fatalf("--mkfs-option not passed: label %q", label)
 		}
 		pv := mustRun(t, root, "pv", tc.name, "--node", "node-1", "--storage-class", "local")
-		for _, want := range []string{"kind: PersistentVolume", "path: /dev/disk/by-uuid/" + uuid, "- node-1", "volumeMode: Filesystem", "fsType: " + tc.fs, "storageClassName: local"} {
+		for _, want := range []string{`"kind": "PersistentVolume"`, `"path": "/dev/disk/by-uuid/` + uuid + `"`, `"node-1"`, `"volumeMode": "Filesystem"`, `"fsType": "` + tc.fs + `"`, `"storageClassName": "local"`} {
 			if !strings.Contains(pv, want) {
 				t.Fatalf("pv manifest lacks %q:\n%s", want, pv)
 			}
 		}
 	}
 	raw := strings.TrimSpace(mustRun(t, root, "create", "r", "--size", "8M", "--mode", "block", "--no-partition"))
-	if pv := mustRun(t, root, "pv", "r"); !strings.Contains(pv, "volumeMode: Block") || !strings.Contains(pv, "/dev/sparsevol/"+raw) {
+	if pv := mustRun(t, root, "pv", "r"); !strings.Contains(pv, `"volumeMode": "Block"`) || !strings.Contains(pv, "/dev/sparsevol/"+raw) {
 		t.Fatalf("raw pv:\n%s", pv)
 	}
 	table := mustRun(t, root, "list")

@@ -1,12 +1,13 @@
 package cli
 
 import (
+	"encoding/json"
+	"fmt"
 	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"sigs.k8s.io/yaml"
 
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
@@ -19,12 +20,13 @@ func newPVCommand(g *globals) *cobra.Command {
 	var storageClass, node, name string
 	cmd := &cobra.Command{
 		Use: "pv VOLUME [--storage-class SC] [--node NODE]",
-		Example: `  sparsevol pv data > data-pv.yaml && kubectl apply -f data-pv.yaml
+		Example: `  sparsevol pv data > data-pv.json && kubectl apply -f data-pv.json
   sparsevol pv data --storage-class local --name data-on-node1`,
 		Short: "Print a local PersistentVolume for a volume (node mode, static PVs)",
 		Long: `Print a 'local' PersistentVolume whose path is the volume's stable path
 (/dev/disk/by-uuid/<uuid>, /dev/disk/by-partuuid/<uuid>, or /dev/sparsevol/<uuid>
-for whole raw volumes), pinned to this node with nodeAffinity.`,
+for whole raw volumes), pinned to this node with nodeAffinity. The manifest is
+JSON, which kubectl apply and kustomize read as they read YAML.`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkPVFlags(name, storageClass, node); err != nil {
@@ -46,8 +48,7 @@ for whole raw volumes), pinned to this node with nodeAffinity.`,
 					return err
 				}
 			}
-			pv := buildPV(v, name, storageClass, node)
-			data, err := yaml.Marshal(pv)
+			data, err := pvManifest(buildPV(v, name, storageClass, node))
 			if err != nil {
 				return err
 			}
@@ -137,6 +138,17 @@ type nodeSelectorRequirement struct {
 	Key      string   `json:"key"`
 	Operator string   `json:"operator"`
 	Values   []string `json:"values"`
+}
+
+// pvManifest is what `sparsevol pv` prints for pv: indented JSON, which
+// every Kubernetes client reads as it reads YAML (JSON is YAML). A YAML
+// encoder would cost every node command its package initialisation.
+func pvManifest(pv *persistentVolume) ([]byte, error) {
+	data, err := json.MarshalIndent(pv, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("encode the PersistentVolume: %w", err)
+	}
+	return append(data, '\n'), nil
 }
 
 func buildPV(v *volume.Volume, name, storageClass, node string) *persistentVolume {

@@ -10,8 +10,8 @@ import (
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
-// TestPVManifest: what `sparsevol pv` writes decodes strictly as
-// Kubernetes' own PersistentVolume, with the volume's size, path, mode and
+// TestPVManifest: what `sparsevol pv` writes decodes strictly, with the
+// YAML decoder Kubernetes' clients use, as Kubernetes' own PersistentVolume, with the volume's size, path, mode and
 // filesystem, and the node pinned.
 func TestPVManifest(t *testing.T) {
 	tests := []struct {
@@ -29,7 +29,7 @@ func TestPVManifest(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			data, err := yaml.Marshal(buildPV(&tt.v, "", "local", "node-1"))
+			data, err := pvManifest(buildPV(&tt.v, "", "local", "node-1"))
 			if err != nil {
 				t.Fatal(err)
 			}

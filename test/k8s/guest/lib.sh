@@ -168,9 +168,9 @@ node_mode_setup() {
 		systemctl disable "sparsevol@$uuid.service" || die "disable unit"
 	fi
 	fact unit_enabled "$(systemctl is-enabled "sparsevol@$uuid.service" 2>&1)"
-	sparsevol pv "$name" --storage-class local-static --name "pv-$name" >"$STATE/pv-$name.yaml" || die "sparsevol pv"
-	cat "$STATE/pv-$name.yaml"
-	k apply -f "$STATE/pv-$name.yaml" || die "apply pv"
+	sparsevol pv "$name" --storage-class local-static --name "pv-$name" >"$STATE/pv-$name.json" || die "sparsevol pv"
+	cat "$STATE/pv-$name.json"
+	k apply -f "$STATE/pv-$name.json" || die "apply pv"
 	pvc_manifest "pvc-$name" local-static 64Mi fs "pv-$name" | k apply -f - || die "apply pvc"
 	token=$(new_token)
 	echo "$token" >"$STATE/token-$name"
