@@ -55,7 +55,6 @@ func (s *Store) deleteBroken(uuid string) error {
 	if err := s.removeMeta(uuid); err != nil {
 		return err
 	}
-	s.removeLock(uuid)
 	s.log.Info("broken volume deleted", "uuid", uuid)
 	return nil
 }

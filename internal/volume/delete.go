@@ -77,7 +77,6 @@ func (s *Store) delete(ref string, opts DetachOptions) error {
 			return err
 		}
 		s.forgetName(v.Name, v.UUID)
-		s.removeLock(v.UUID)
 		s.log.Info("volume deleted", "volume", v.Name, "uuid", v.UUID)
 		return nil
 	})

@@ -604,7 +604,6 @@ func (s *Store) DeleteSnapshot(ctx context.Context, ref string) error {
 	if err := s.removeSnapshot(sn); err != nil {
 		return fmt.Errorf("delete snapshot %s: %w", sn.Name, err)
 	}
-	s.removeLock(snapLock(sn.UUID))
 	s.log.Info("snapshot deleted", "snapshot", sn.Name, "uuid", sn.UUID)
 	return nil
 }

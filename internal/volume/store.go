@@ -279,10 +279,10 @@ func (s *Store) lock(name string) (func(), error) { return s.flock(name, unix.LO
 func (s *Store) tryLock(name string) (func(), error) { return s.flock(name, unix.LOCK_EX|unix.LOCK_NB) }
 
 // flock takes the lock file name's flock. A lock file is removed only by
-// its holder (removeLock), so one that is no longer named name once its
-// flock is taken was removed while this call waited: flock then locks
-// the file that name is now, which makes the lock mean the name, not an
-// inode.
+// its holder (releasing it, see release), so one that is no longer named
+// name once its flock is taken was removed while this call waited: flock
+// then locks the file that name is now, which makes the lock mean the
+// name, not an inode.
 func (s *Store) flock(name string, how int) (func(), error) {
 	dir, err := s.lockDirFD()
 	if err != nil {
@@ -309,7 +309,7 @@ func (s *Store) flock(name string, how int) (func(), error) {
 		switch {
 		case err == nil && held.Dev == named.Dev && held.Ino == named.Ino:
 			// Once: a second close could hit an fd number reused meanwhile.
-			return sync.OnceFunc(func() { unix.Close(fd) }), nil
+			return sync.OnceFunc(func() { s.release(name, fd) }), nil
 		case err == nil, errors.Is(err, unix.ENOENT):
 			unix.Close(fd) // removed or replaced while we waited
 		default:
@@ -319,12 +319,23 @@ func (s *Store) flock(name string, how int) (func(), error) {
 	}
 }
 
-// removeLock removes the lock file name, which the caller holds: the
-// volume or snapshot it serves is gone, and so goes its lock file rather
-// than staying in .locks for good. Whoever waits on it locks the file
-// the name is next (flock). Best effort: a file left costs nothing but
-// its name.
-func (s *Store) removeLock(name string) {
+// release releases the lock file name, open as fd, which the caller
+// holds. If the record the lock serves is gone (lockedRecord: the volume
+// or snapshot was deleted, or never made it past a failed create), the
+// lock file goes too, before the flock is let go: .locks holds no file
+// for what no longer exists, whoever deleted it and whoever found it
+// deleted after waiting (flock makes a new file for a waiter whose file
+// was removed). Whoever waits on it locks the file the name is next.
+// Removal is best effort: a file left costs nothing but its name.
+func (s *Store) release(name string, fd int) {
+	defer unix.Close(fd)
+	record := s.lockedRecord(name)
+	if record == "" {
+		return
+	}
+	if _, err := os.Lstat(record); !errors.Is(err, fs.ErrNotExist) {
+		return
+	}
 	dir, err := s.lockDirFD()
 	if err != nil {
 		return
@@ -333,6 +344,18 @@ func (s *Store) removeLock(name string) {
 	if err := unix.Unlinkat(dir, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
 		s.log.Debug("lock file not removed", "lock", name, "error", err)
 	}
+}
+
+// lockedRecord is the metadata file whose volume or snapshot the lock
+// file name serves; "" for the store's own lock, which stays.
+func (s *Store) lockedRecord(name string) string {
+	if uuid, ok := strings.CutPrefix(name, snapLock("")); ok {
+		return s.snapMetaPath(uuid)
+	}
+	if ValidUUID(name) {
+		return s.metaPath(name)
+	}
+	return ""
 }
 
 // lockDirFD opens <root>/.locks (storeSubdirFD). The caller closes the fd.
@@ -451,8 +474,7 @@ func (s *Store) removeMeta(uuid string) error {
 	if err := fsutil.SyncDir(s.root); err != nil {
 		return fmt.Errorf("remove metadata of %s: %w", uuid, err)
 	}
-	// The lock file stays: unlinking it while another process waits on it
-	// would let a third lock a fresh inode and both believe they hold it.
+	// The lock file goes when its holder releases it (release).
 	return nil
 }
 
