@@ -807,28 +807,27 @@ func (s *Store) orphaned(v *Volume, ours []*loop.Device) error {
 }
 
 // lastDevice is the device the last detach of the volume uuid freed, as
-// noteDetached recorded it in the volume's lock file; "" if none. The
-// caller holds the volume's lock. What the file says is a hint for
-// loop.Attach (AttachOptions.Prefer), which proves it free and verifies
-// the binding: it is never trusted.
+// noteDetached recorded it in the volume's lock file, read through the
+// fd the caller's lock holds (heldLock); "" if none. What the file says
+// is a hint for loop.Attach (AttachOptions.Prefer), which proves it free
+// and verifies the binding: it is never trusted.
 func (s *Store) lastDevice(uuid string) string {
-	fd, err := s.openLockFile(uuid, unix.O_RDONLY, false)
-	if err != nil {
+	fd, ok := s.heldLock(uuid)
+	if !ok {
 		return ""
 	}
-	defer unix.Close(fd)
 	var buf [deviceNoteSize]byte
-	n, err := unix.Read(fd, buf[:])
+	n, err := unix.Pread(fd, buf[:], 0)
 	if err != nil || n <= 0 {
 		return ""
 	}
 	return strings.TrimSpace(string(buf[:n]))
 }
 
-// noteDetached records in the volume's lock file (which exists while the
-// caller holds that lock) the device d its detach just freed: the
-// volume's next bind tries it first, sparing the kernel's walk for a
-// free device (see lastDevice). Best effort, no flush: a lost note costs
+// noteDetached records in the volume's lock file, through the fd the
+// caller's lock holds it with (heldLock), the device d its detach just
+// freed: the volume's next bind tries it first, sparing the kernel's walk
+// for a free device (see lastDevice). Best effort, no flush: a lost note costs
 // that walk. The record has a fixed width and overwrites the last one in
 // place: truncating a file and writing it again makes ext4 flush it at
 // close (auto_da_alloc), which would cost every detach a disk write.
@@ -837,14 +836,13 @@ func (s *Store) noteDetached(uuid string, d *loop.Device) {
 	if len(d.Path) >= len(rec) {
 		return
 	}
-	fd, err := s.openLockFile(uuid, unix.O_WRONLY, false)
-	if err != nil {
+	fd, ok := s.heldLock(uuid)
+	if !ok {
 		return
 	}
 	n := copy(rec[:], d.Path)
 	copy(rec[n:], strings.Repeat(" ", len(rec)-n-1)+"\n")
 	unix.Pwrite(fd, rec[:], 0)
-	unix.Close(fd)
 }
 
 // deviceNoteSize is the width of noteDetached's record.

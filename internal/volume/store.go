@@ -75,6 +75,12 @@ type Store struct {
 	opts Options
 	log  *slog.Logger
 	run  runner
+	// held maps the name of each lock this Store's callers hold to the
+	// fd holding it (flock adds, release removes), so that what is noted
+	// in a held lock file (lastDevice, noteDetached) is read and written
+	// through that fd, not a second open. flock excludes every other open
+	// file description, this process's own included: a name has one fd.
+	held sync.Map
 }
 
 // Open opens the store at root, which must exist, be a directory (not a
@@ -309,6 +315,7 @@ func (s *Store) flock(name string, how int) (func(), error) {
 		switch {
 		case err == nil && held.Dev == named.Dev && held.Ino == named.Ino:
 			// Once: a second close could hit an fd number reused meanwhile.
+			s.held.Store(name, fd)
 			return sync.OnceFunc(func() { s.release(name, fd) }), nil
 		case err == nil, errors.Is(err, unix.ENOENT):
 			unix.Close(fd) // removed or replaced while we waited
@@ -328,6 +335,7 @@ func (s *Store) flock(name string, how int) (func(), error) {
 // was removed). Whoever waits on it locks the file the name is next.
 // Removal is best effort: a file left costs nothing but its name.
 func (s *Store) release(name string, fd int) {
+	s.held.Delete(name)
 	defer unix.Close(fd)
 	record := s.lockedRecord(name)
 	if record == "" {
@@ -358,28 +366,29 @@ func (s *Store) lockedRecord(name string) string {
 	return ""
 }
 
+// heldLock is the fd of the lock name the caller holds (flock); ok is
+// false if nobody in this process holds it. The fd stays the holder's:
+// the caller neither closes it nor uses it after the lock is released.
+func (s *Store) heldLock(name string) (fd int, ok bool) {
+	v, ok := s.held.Load(name)
+	if !ok {
+		return -1, false
+	}
+	return v.(int), true
+}
+
 // lockDirFD opens <root>/.locks (storeSubdirFD). The caller closes the fd.
 func (s *Store) lockDirFD() (int, error) { return s.storeSubdirFD(lockDir, "lock directory") }
 
-// openLockFile opens the lock file <root>/.locks/<name> with flags
-// (O_RDONLY, O_WRONLY or O_RDWR), making it if missing and create is set.
-// A lock file found there must follow a backing file's rules (checkFile:
-// a regular file with one link, not a symbolic link, on the store's
-// filesystem) before it is opened for I/O, so that a device node, FIFO or
-// hard link planted in its place is never opened, read or written. It is
-// returned as a plain fd, not an os.File: attach --all holds a thousand of
-// these, and os.File would register each with the poller. The caller
-// closes it.
-func (s *Store) openLockFile(name string, flags int, create bool) (int, error) {
-	dir, err := s.lockDirFD()
-	if err != nil {
-		return -1, err
-	}
-	defer unix.Close(dir)
-	return s.openLockIn(dir, name, flags, create)
-}
-
-// openLockIn is openLockFile in dir, an fd of the lock directory.
+// openLockIn opens the lock file name in dir, an fd of the lock directory
+// (<root>/.locks), with flags (O_RDONLY, O_WRONLY or O_RDWR), making it
+// if missing and create is set. A lock file found there must follow a
+// backing file's rules (checkFile: a regular file with one link, not a
+// symbolic link, on the store's filesystem) before it is opened for I/O,
+// so that a device node, FIFO or hard link planted in its place is never
+// opened, read or written. It is returned as a plain fd, not an os.File:
+// attach --all holds a thousand of these, and os.File would register each
+// with the poller. The caller closes it.
 func (s *Store) openLockIn(dir int, name string, flags int, create bool) (int, error) {
 	path := filepath.Join(s.root, lockDir, name)
 	if create {
