@@ -7,14 +7,15 @@ package volume
 const FilesystemBlockSize = 4096
 
 // blockSizeForMode is the logical block size a new volume is created with.
-// Filesystem volumes get FilesystemBlockSize. Block volumes get the store's
-// direct I/O alignment (512 on most disks): their consumer reads and
-// writes the device itself, and software that issues 512-byte direct I/O
-// would fail on a 4096-byte device. Adopted volumes keep 512 (adopt.go).
+// Filesystem volumes get FilesystemBlockSize, a multiple of every
+// alignment blockSizeFor reports, so the store is not asked. Block
+// volumes get the store's direct I/O alignment (512 on most disks): their
+// consumer reads and writes the device itself, and software that issues
+// 512-byte direct I/O would fail on a 4096-byte device. Adopted volumes
+// keep 512 (adopt.go).
 func blockSizeForMode(dir string, mode Mode) uint32 {
-	align := blockSizeFor(dir)
-	if mode == ModeFilesystem && align <= FilesystemBlockSize {
+	if mode == ModeFilesystem {
 		return FilesystemBlockSize
 	}
-	return align
+	return blockSizeFor(dir)
 }
