@@ -361,10 +361,12 @@ func (s *Store) growFS(ctx context.Context, v *Volume, device string) error {
 // v's lock) with the mount data given, privately below the store's lock
 // directory, runs fn with the mount point and unmounts it again. A crash
 // leaves the mount to cleanupTempMount, which every operation on v runs.
+// The directory is made in the lock directory's proven fd and must be a
+// directory, not a link, when it is mounted on.
 func (s *Store) tempMount(v *Volume, device, data string, fn func(dir string) error) error {
 	s.cleanupTempMount(v)
 	dir := s.tempMountDir(v)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := s.makeTempMountDir(v); err != nil {
 		return err
 	}
 	defer s.cleanupTempMount(v)
@@ -388,26 +390,60 @@ func (s *Store) tempMount(v *Volume, device, data string, fn func(dir string) er
 	if err := fn(fsDir); err != nil {
 		return err
 	}
-	if err := unix.Unmount(fsDir, 0); err != nil {
+	if err := unix.Unmount(fsDir, unix.UMOUNT_NOFOLLOW); err != nil {
 		return fmt.Errorf("unmount %s: %w", fsDir, err)
 	}
 	return nil
 }
 
+func tempMountName(v *Volume) string { return "mnt-" + v.UUID }
+
 func (s *Store) tempMountDir(v *Volume) string {
-	return filepath.Join(s.root, lockDir, "mnt-"+v.UUID)
+	return filepath.Join(s.root, lockDir, tempMountName(v))
+}
+
+// makeTempMountDir makes tempMount's directory in the lock directory (its
+// proven fd, storeSubdirFD) and proves it a directory, not a link, as it
+// is about to be mounted on. What stands there otherwise is refused and
+// left, for cleanupTempMount's warning.
+func (s *Store) makeTempMountDir(v *Volume) error {
+	dir, err := s.lockDirFD()
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dir)
+	name := tempMountName(v)
+	if err := unix.Mkdirat(dir, name, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+		return &os.PathError{Op: "mkdir", Path: s.tempMountDir(v), Err: err}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(dir, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return &os.PathError{Op: "stat", Path: s.tempMountDir(v), Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return fmt.Errorf("temporary mount point %s is not a directory (inspect it with `ls -l %s` and remove it): %w",
+			s.tempMountDir(v), s.tempMountDir(v), ErrUnsafe)
+	}
+	return nil
 }
 
 // cleanupTempMount removes what an offline expansion mounted, including
-// what a crashed one left behind; the directory is ours by its path. A lazy
-// unmount of the private tmpfs takes the filesystem below it along.
+// what a crashed one left behind; the directory is ours by its path, and
+// is neither followed nor unmounted through if it is a link (or anything
+// but a directory): that is left, with a warning. A lazy unmount of the
+// private tmpfs takes the filesystem below it along.
 func (s *Store) cleanupTempMount(v *Volume) {
 	dir := s.tempMountDir(v)
-	if _, err := os.Stat(dir); err != nil {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return
+	}
+	if !fi.IsDir() {
+		s.log.Warn("left a temporary mount point that is not a directory", "path", dir, "mode", fi.Mode().String())
 		return
 	}
 	for range 4 {
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+		if err := unix.Unmount(dir, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
 			break
 		}
 	}

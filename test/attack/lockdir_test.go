@@ -114,6 +114,50 @@ func TestHostileNameDir(t *testing.T) {
 	}
 }
 
+// TestHostileTempMountDir: .locks/mnt-<uuid>, where an offline expansion
+// of XFS mounts the volume's filesystem and which every detach clears,
+// replaced by a symbolic link to a directory holding someone's mount, is
+// never followed: the expansion is refused (exit 1, naming what to
+// inspect), detach works, and that mount stays mounted with its file as
+// it was.
+func TestHostileTempMountDir(t *testing.T) {
+	c := newCase(t)
+	s := c.store("s")
+	u := c.create(s, "v", "--fs", "xfs", "--size", "300M")
+	c.expectCode(c.sv(s, "detach", "v"), 0)
+	victim := c.path("victim")
+	c.mountForeignTmpfs(victim)
+	before := digest(victim)
+	if err := os.Symlink(victim, filepath.Join(s, ".locks", "mnt-"+u)); err != nil {
+		t.Fatal(err)
+	}
+	r := c.sv(s, "expand", "v", "--size", "320M")
+	c.expectCode(r, 1)
+	if !strings.Contains(r.stderr, "is not a directory (inspect it with") {
+		t.Errorf("the refusal says nothing of what to inspect: %v", r)
+	}
+	c.expectCode(c.sv(s, "detach", "v"), 0)
+	if !mounted(t, victim) {
+		t.Fatalf("the mount at %s, behind .locks/mnt-%s, is gone", victim, u)
+	}
+	if now := digest(victim); now != before {
+		t.Errorf("%s changed:\nbefore: %s\nafter:  %s", victim, before, now)
+	}
+}
+
+// mounted reports whether something is mounted at dir.
+func mounted(t *testing.T, dir string) bool {
+	t.Helper()
+	var st, parent unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Lstat(filepath.Dir(dir), &parent); err != nil {
+		t.Fatal(err)
+	}
+	return st.Dev != parent.Dev
+}
+
 // mustReplace removes the file at path and makes another there with make.
 func mustReplace(t *testing.T, path string, make func() error) {
 	t.Helper()
