@@ -5,6 +5,7 @@ package fsutil
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -121,11 +122,18 @@ func fsync(fd int, path string) error {
 	return nil
 }
 
-// ReadFile returns the content of the file path, as os.ReadFile does
-// (its errors are *os.PathError), read through a plain fd: a regular
-// file needs no poller.
-func ReadFile(path string) ([]byte, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+// ReadRegular returns the content of the regular file path, as
+// os.ReadFile does (its errors are *os.PathError), read through a plain
+// fd (a regular file needs no poller). What is there is input, not
+// trusted: a final symbolic link is not followed (ELOOP), anything but a
+// regular file is refused before a byte is read (a FIFO would block the
+// caller for good, a device node would be read), and so is a file of
+// more than limit bytes.
+func ReadRegular(path string, limit int64) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ELOOP) {
+		err = errSymlink
+	}
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
@@ -134,9 +142,18 @@ func ReadFile(path string) ([]byte, error) {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, &os.PathError{Op: "stat", Path: path, Err: err}
 	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, &os.PathError{Op: "read", Path: path, Err: errNotRegular}
+	}
+	if st.Size > limit {
+		return nil, &os.PathError{Op: "read", Path: path, Err: fmt.Errorf("%d bytes, more than %d", st.Size, limit)}
+	}
 	data := make([]byte, 0, max(st.Size, 0)+1)
 	for {
 		if len(data) == cap(data) {
+			if int64(len(data)) > limit {
+				return nil, &os.PathError{Op: "read", Path: path, Err: fmt.Errorf("more than %d bytes", limit)}
+			}
 			data = append(data, 0)[:len(data)]
 		}
 		n, err := unix.Read(fd, data[len(data):cap(data)])
@@ -151,6 +168,12 @@ func ReadFile(path string) ([]byte, error) {
 		data = data[:len(data)+n]
 	}
 }
+
+// ReadRegular's refusals of what is not a regular file.
+var (
+	errNotRegular = errors.New("not a regular file")
+	errSymlink    = errors.New("a symbolic link, not followed")
+)
 
 // OpenDir opens the directory path for reading its entries, as os.Open
 // does, through a plain fd: a directory needs no poller.

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestReplaceFile(t *testing.T) {
@@ -50,10 +52,11 @@ func TestReplaceSymlink(t *testing.T) {
 	}
 }
 
-// TestReadFile: ReadFile returns what os.ReadFile does, an empty file and
-// one larger than its first read included; a missing file is
-// fs.ErrNotExist.
-func TestReadFile(t *testing.T) {
+// TestReadRegular: ReadRegular returns what os.ReadFile does, an empty
+// file and one larger than its first read included; a missing file is
+// fs.ErrNotExist; a symbolic link, a FIFO (without blocking), a directory
+// and a file over the limit are refused.
+func TestReadRegular(t *testing.T) {
 	dir := t.TempDir()
 	for _, n := range []int{0, 1, 4096, 1 << 20} {
 		path := filepath.Join(dir, fmt.Sprint(n))
@@ -64,13 +67,34 @@ func TestReadFile(t *testing.T) {
 		if err := os.WriteFile(path, want, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		got, err := ReadFile(path)
+		got, err := ReadRegular(path, 1<<20)
 		if err != nil || !bytes.Equal(got, want) {
 			t.Fatalf("%d bytes: read %d, %v", n, len(got), err)
 		}
 	}
-	if _, err := ReadFile(filepath.Join(dir, "missing")); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := ReadRegular(filepath.Join(dir, "missing"), 1<<20); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("missing file: %v, want fs.ErrNotExist", err)
+	}
+	refused := t.TempDir()
+	link, fifo := filepath.Join(refused, "link"), filepath.Join(refused, "fifo")
+	if err := os.Symlink(filepath.Join(dir, "1"), link); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name, path string
+		limit      int64
+	}{
+		{"symbolic link", link, 1 << 20},
+		{"FIFO", fifo, 1 << 20},
+		{"directory", refused, 1 << 20},
+		{"over the limit", filepath.Join(dir, "4096"), 4095},
+	} {
+		if data, err := ReadRegular(tt.path, tt.limit); err == nil {
+			t.Errorf("%s: read %d bytes, want a refusal", tt.name, len(data))
+		}
 	}
 	f, err := OpenDir(dir)
 	if err != nil {

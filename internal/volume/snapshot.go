@@ -122,7 +122,7 @@ func (s *Store) writeSnapMeta(sn *Snapshot, flush fsutil.Flush) error {
 // ErrSnapshotNotFound, unreadable or naming another snapshot ErrBroken.
 func (s *Store) readSnapMeta(uuid string) (*Snapshot, error) {
 	path := s.snapMetaPath(uuid)
-	data, err := fsutil.ReadFile(path)
+	data, err := fsutil.ReadRegular(path, maxRecordSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("snapshot %s: %w", uuid, ErrSnapshotNotFound)
 	}

@@ -427,12 +427,17 @@ func (s *Store) putMeta(v *Volume, flush fsutil.Flush) error {
 	return nil
 }
 
+// maxRecordSize bounds what a volume's or snapshot's metadata file may
+// hold when it is read: a record is well under a kilobyte, labels
+// included; anything far larger was not written by a store.
+const maxRecordSize = 1 << 20
+
 // readMeta reads the metadata of the volume uuid. A missing file is
 // ErrNotFound; one that cannot be read or parsed, or names another volume,
 // is ErrBroken, naming the file.
 func (s *Store) readMeta(uuid string) (*Volume, error) {
 	path := s.metaPath(uuid)
-	data, err := fsutil.ReadFile(path)
+	data, err := fsutil.ReadRegular(path, maxRecordSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("volume %s: %w", uuid, ErrNotFound)
 	}

@@ -7,21 +7,56 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
-// One truncated <uuid>.json: list shows that volume as broken, naming the
-// file; the rest of the store works; doctor exits 1; delete by UUID
-// removes it.
+// One hostile <uuid>.json — truncated, a FIFO, a symbolic link to a
+// host file, a file of 64 MiB: list shows that volume as broken, naming
+// the file, without blocking, following the link or reading the big file;
+// the rest of the store works; doctor exits 1; delete by UUID removes it
+// (a link itself, not what it names).
 func TestTruncatedMetadata(t *testing.T) {
-	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		// plant makes the hostile record; why is what the listing
+		// must say of it.
+		plant func(c *kase, meta string)
+		why   string
+	}{
+		{"truncated", func(c *kase, meta string) {
+			if err := os.Truncate(meta, 20); err != nil {
+				c.t.Fatal(err)
+			}
+		}, "unexpected end of JSON input"},
+		{"FIFO", func(c *kase, meta string) {
+			mustReplace(c.t, meta, func() error { return unix.Mkfifo(meta, 0o600) })
+		}, "not a regular file"},
+		{"link to a host file", func(c *kase, meta string) {
+			victim := c.victim("host.json", 4096)
+			c.watch(victim)
+			replaceWithSymlink(c.t, meta, victim)
+		}, "a symbolic link, not followed"},
+		{"64 MiB", func(c *kase, meta string) {
+			if err := os.Truncate(meta, 64<<20); err != nil {
+				c.t.Fatal(err)
+			}
+		}, "more than 1048576"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			hostileMetadata(t, tt.plant, tt.why)
+		})
+	}
+}
+
+func hostileMetadata(t *testing.T, plant func(c *kase, meta string), why string) {
 	c := newCase(t)
 	s := c.store("s")
 	good := c.create(s, "good")
 	bad := c.create(s, "bad")
 	meta := filepath.Join(s, bad+".json")
-	if err := os.Truncate(meta, 20); err != nil {
-		t.Fatal(err)
-	}
+	plant(c, meta)
 	r := c.sv(s, "list", "-o", "json")
 	c.expectCode(r, 0)
 	var vols []map[string]any
@@ -32,8 +67,8 @@ func TestTruncatedMetadata(t *testing.T) {
 	for _, v := range vols {
 		if v["uuid"] == bad {
 			found = true
-			if v["state"] != "broken" || !strings.Contains(fmt.Sprint(v), meta) {
-				t.Errorf("broken volume listed as %v; want state broken naming %s", v, meta)
+			if v["state"] != "broken" || !strings.Contains(fmt.Sprint(v), meta) || !strings.Contains(fmt.Sprint(v), why) {
+				t.Errorf("broken volume listed as %v; want state broken naming %s: %s", v, meta, why)
 			}
 		}
 	}
