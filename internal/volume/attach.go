@@ -926,7 +926,9 @@ var ErrDeferred = loop.ErrDeferred
 // or mounts it by path; fresh tells fn that this call bound the device.
 // If fn fails on a device this call attached, the device is detached
 // again: a refused operation leaves nothing behind. It costs the same
-// whatever the number of devices bound (attachDevice).
+// whatever the number of devices bound (attachDevice), and the same
+// whatever the number of mounts: the Status fn gets has no MountPoints
+// (fn reads the mount table it needs itself).
 func (s *Store) WithDevice(ctx context.Context, ref string, fn func(st *Status, fresh bool) error) error {
 	return s.withVolume(ref, func(v *Volume) error {
 		dev, fresh, err := s.attachLocked(ctx, v)
@@ -940,7 +942,7 @@ func (s *Store) WithDevice(ctx context.Context, ref string, fn func(st *Status, 
 		if err != nil {
 			return fmt.Errorf("attach %s: %w", v.Name, err)
 		}
-		err = fn(s.status(v, []*loop.Device{dev}, nil), fresh)
+		err = fn(s.status(v, []*loop.Device{dev}, loop.MountTable{}), fresh)
 		held.Close()
 		if err != nil && fresh {
 			s.undoAttach(v)

@@ -141,7 +141,8 @@ func (s *Store) statusFound(v *Volume, ids []loop.FileID, bound map[loop.FileID]
 }
 
 // status joins v with its devices; mounts may be nil (read here) or a
-// table the caller read once for many volumes.
+// table the caller read once for many volumes (empty: MountPoints is
+// left out).
 func (s *Store) status(v *Volume, devs []*loop.Device, mounts loop.MountTable) *Status {
 	st := &Status{Volume: *v, StablePath: v.StablePath()}
 	fst, err := s.statBacking(v.UUID)
