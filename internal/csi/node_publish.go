@@ -35,13 +35,14 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		return nil, err
 	}
 	id := v.UUID
-	st, err := d.ensureStaged(ctx, v, c, staging)
+	st, uses, err := d.ensureStaged(ctx, v, c, staging)
 	if err != nil {
 		return nil, err
 	}
-	uses, err := deviceUses(st.DataDevice)
-	if err != nil {
-		return nil, status.Errorf(codes.Internal, "volume %s: %v", id, err)
+	if !uses.known {
+		if uses, err = deviceUses(st.DataDevice); err != nil {
+			return nil, status.Errorf(codes.Internal, "volume %s: %v", id, err)
+		}
 	}
 	published := uses.nodeBind
 	if v.Mode == volume.ModeFilesystem {
@@ -81,18 +82,19 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 
 // ensureStaged returns the volume's status, staging it again first when
 // its device or staging mount is missing: stage is idempotent, and looks
-// at the volume's own device only, whatever the number bound.
-func (d *Driver) ensureStaged(ctx context.Context, v *volume.Volume, c *csi.VolumeCapability, staging string) (*volume.Status, error) {
-	st, restaged, err := d.stage(ctx, v, c, staging)
+// at the volume's own device only, whatever the number bound. uses is
+// stage's (unknown where it mounted).
+func (d *Driver) ensureStaged(ctx context.Context, v *volume.Volume, c *csi.VolumeCapability, staging string) (*volume.Status, usesOf, error) {
+	st, uses, restaged, err := d.stage(ctx, v, c, staging)
 	if err != nil {
-		return nil, err
+		return nil, usesOf{}, err
 	}
 	if restaged {
 		d.log.Warn("volume was not staged at publish (reboot or manual detach?); staged it again",
 			"volume_id", v.UUID, "name", v.Name, "staging_target_path", staging)
 		d.metrics.restaged()
 	}
-	return st, nil
+	return st, uses, nil
 }
 
 // NodeUnpublishVolume unmounts the volume from the target path and removes

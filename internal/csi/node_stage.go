@@ -27,7 +27,7 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 	if err != nil {
 		return nil, err
 	}
-	if _, _, err := d.stage(ctx, v, req.GetVolumeCapability(), staging); err != nil {
+	if _, _, _, err := d.stage(ctx, v, req.GetVolumeCapability(), staging); err != nil {
 		return nil, err
 	}
 	return &csi.NodeStageVolumeResponse{}, nil
@@ -36,60 +36,64 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 // stage converges a volume to staged: attached and, for mount volumes,
 // mounted at staging. Every step is idempotent; changed says a step was
 // needed (the device was bound or the filesystem mounted by this call).
-func (d *Driver) stage(ctx context.Context, v *volume.Volume, c *csi.VolumeCapability, staging string) (st *volume.Status, changed bool, err error) {
+// uses is what the mount table said of the device where this call found
+// the volume staged already, and unknown (its known false) where it
+// mounted or looked at no table (block volumes).
+func (d *Driver) stage(ctx context.Context, v *volume.Volume, c *csi.VolumeCapability, staging string) (st *volume.Status, uses usesOf, changed bool, err error) {
 	// The device is held and proven the volume's while it is probed and
 	// mounted by path, so a concurrent detach cannot hand its number to
 	// another file in between.
 	err = d.store.WithDevice(ctx, v.UUID, func(held *volume.Status, fresh bool) error {
-		mounted, err := d.stageDevice(ctx, v, c, staging, held)
-		st, changed = held, fresh || mounted
+		found, mounted, err := d.stageDevice(ctx, v, c, staging, held)
+		st, uses, changed = held, found, fresh || mounted
 		return err
 	})
 	if err != nil {
 		if _, ok := status.FromError(err); ok {
-			return nil, false, err
+			return nil, usesOf{}, false, err
 		}
-		return nil, false, toStatus(err)
+		return nil, usesOf{}, false, toStatus(err)
 	}
-	return st, changed, nil
+	return st, uses, changed, nil
 }
 
 // stageDevice mounts a mount volume's filesystem at staging unless it is
-// there; mounted says it mounted it.
-func (d *Driver) stageDevice(ctx context.Context, v *volume.Volume, c *csi.VolumeCapability, staging string, st *volume.Status) (mounted bool, err error) {
+// there; mounted says it mounted it. uses is the mount table's uses of
+// the device where it was there already (see stage).
+func (d *Driver) stageDevice(ctx context.Context, v *volume.Volume, c *csi.VolumeCapability, staging string, st *volume.Status) (uses usesOf, mounted bool, err error) {
 	if v.Mode == volume.ModeBlock {
 		if st.DataDevice == "" {
-			return false, status.Errorf(codes.Internal, "volume %s is attached to %s but the kernel shows no partition to use", v.UUID, st.Device)
+			return usesOf{}, false, status.Errorf(codes.Internal, "volume %s is attached to %s but the kernel shows no partition to use", v.UUID, st.Device)
 		}
-		return false, nil
+		return usesOf{}, false, nil
 	}
-	uses, err := deviceUses(st.DataDevice)
+	uses, err = deviceUses(st.DataDevice)
 	if err != nil {
-		return false, status.Errorf(codes.Internal, "volume %s: %v", v.UUID, err)
+		return usesOf{}, false, status.Errorf(codes.Internal, "volume %s: %v", v.UUID, err)
 	}
 	if containsPath(uses.fsMounts, staging) {
-		return false, nil
+		return uses, false, nil
 	}
 	if mp, err := uses.isMountPoint(staging); err != nil {
-		return false, status.Errorf(codes.Internal, "volume %s: %v", v.UUID, err)
+		return usesOf{}, false, status.Errorf(codes.Internal, "volume %s: %v", v.UUID, err)
 	} else if mp {
-		return false, status.Errorf(codes.AlreadyExists, "staging path %s holds a mount of another device than %s of volume %s", staging, st.DataDevice, v.UUID)
+		return usesOf{}, false, status.Errorf(codes.AlreadyExists, "staging path %s holds a mount of another device than %s of volume %s", staging, st.DataDevice, v.UUID)
 	}
 	if err := d.store.CheckFilesystem(ctx, v, st.DataDevice); err != nil {
-		return false, err
+		return usesOf{}, false, err
 	}
 	if err := os.MkdirAll(staging, 0o750); err != nil {
-		return false, status.Errorf(codes.Internal, "volume %s: create staging path: %v", v.UUID, err)
+		return usesOf{}, false, status.Errorf(codes.Internal, "volume %s: create staging path: %v", v.UUID, err)
 	}
 	flags := c.GetMount().GetMountFlags()
 	if v.Labels[LabelDiscard] == "true" && !slices.Contains(flags, "discard") {
 		flags = append(slices.Clone(flags), "discard")
 	}
 	if err := d.mountFilesystem(st.DataDevice, staging, v.FSType, flags); err != nil {
-		return false, status.Errorf(codes.Internal, "volume %s: mount %s (%s) at %s: %v", v.UUID, st.DataDevice, v.FSType, staging, err)
+		return usesOf{}, false, status.Errorf(codes.Internal, "volume %s: mount %s (%s) at %s: %v", v.UUID, st.DataDevice, v.FSType, staging, err)
 	}
 	d.log.Info("volume staged", "volume_id", v.UUID, "name", v.Name, "device", st.DataDevice, "staging_target_path", staging)
-	return true, nil
+	return usesOf{}, true, nil
 }
 
 // NodeUnstageVolume unmounts the volume's filesystem from the staging path
