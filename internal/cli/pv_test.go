@@ -11,8 +11,9 @@ import (
 )
 
 // TestPVManifest: what `sparsevol pv` writes decodes strictly, with the
-// YAML decoder Kubernetes' clients use, as Kubernetes' own PersistentVolume, with the volume's size, path, mode and
-// filesystem, and the node pinned.
+// YAML decoder Kubernetes' clients use, as Kubernetes' own
+// PersistentVolume, with the volume's size, path, mode and filesystem,
+// and the node pinned.
 func TestPVManifest(t *testing.T) {
 	tests := []struct {
 		name     string

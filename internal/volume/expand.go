@@ -412,17 +412,16 @@ func (s *Store) makeTempMountDir(v *Volume) error {
 		return err
 	}
 	defer unix.Close(dir)
-	name := tempMountName(v)
+	name, path := tempMountName(v), s.tempMountDir(v)
 	if err := unix.Mkdirat(dir, name, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
-		return &os.PathError{Op: "mkdir", Path: s.tempMountDir(v), Err: err}
+		return &os.PathError{Op: "mkdir", Path: path, Err: err}
 	}
 	var st unix.Stat_t
 	if err := unix.Fstatat(dir, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return &os.PathError{Op: "stat", Path: s.tempMountDir(v), Err: err}
+		return &os.PathError{Op: "stat", Path: path, Err: err}
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-		return fmt.Errorf("temporary mount point %s is not a directory (inspect it with `ls -l %s` and remove it): %w",
-			s.tempMountDir(v), s.tempMountDir(v), ErrUnsafe)
+		return fmt.Errorf("temporary mount point %s is not a directory (inspect it with `ls -l %s` and remove it): %w", path, path, ErrUnsafe)
 	}
 	return nil
 }

@@ -273,10 +273,10 @@ const (
 func (s *Store) metaPath(uuid string) string    { return filepath.Join(s.root, uuid+metaExt) }
 func (s *Store) backingPath(uuid string) string { return filepath.Join(s.root, uuid) }
 
-// lock takes an exclusive flock on <root>/.locks/<name> (openLockFile's
-// rules apply to it). The returned function releases it. A volume's lock
-// file also holds the note of the device its last detach freed
-// (noteDetached). Locks are released by the kernel if the process dies,
+// lock takes an exclusive flock on <root>/.locks/<name> (openLockIn's
+// rules apply to it). The returned function releases it (release). A
+// volume's lock file also holds the note of the device its last detach
+// freed (noteDetached). Locks are released by the kernel if the process dies,
 // which is what makes a killed CLI safe to rerun.
 func (s *Store) lock(name string) (func(), error) { return s.flock(name, unix.LOCK_EX) }
 
