@@ -117,7 +117,7 @@ func (s *Store) openIn(dir int, name, kind, path string, flags int) (int, loop.F
 	if err := s.checkFile(kind, path, &st); err != nil {
 		return -1, loop.FileID{}, err
 	}
-	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), flags|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(procFD(pfd), flags|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, loop.FileID{}, &os.PathError{Op: "open", Path: path, Err: err}
 	}
@@ -196,3 +196,7 @@ func (s *Store) allocated(uuid string) int64 {
 	}
 	return st.Blocks * 512
 }
+
+// procFD is the path through which the kernel reaches the object fd is
+// open on, without looking a name up again.
+func procFD(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }

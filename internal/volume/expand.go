@@ -361,30 +361,29 @@ func (s *Store) growFS(ctx context.Context, v *Volume, device string) error {
 // v's lock) with the mount data given, privately below the store's lock
 // directory, runs fn with the mount point and unmounts it again. A crash
 // leaves the mount to cleanupTempMount, which every operation on v runs.
-// The directory is made in the lock directory's proven fd and must be a
-// directory, not a link, when it is mounted on.
+// Nothing is mounted by a path that could be swapped: see mountTempRoot.
 func (s *Store) tempMount(v *Volume, device, data string, fn func(dir string) error) error {
 	s.cleanupTempMount(v)
-	dir := s.tempMountDir(v)
-	if err := s.makeTempMountDir(v); err != nil {
-		return err
-	}
 	defer s.cleanupTempMount(v)
-	// A private tmpfs first, and the filesystem below it, so that the
-	// filesystem does not propagate into other mount namespaces (kubelet's,
-	// containers'). Its own directory, because xfs_growfs finds the
-	// filesystem by looking its path up in the mount table.
-	if err := unix.Mount("sparsevol-expand", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=64k,mode=0700"); err != nil {
-		return fmt.Errorf("private mount point %s: %w", dir, err)
-	}
-	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("private mount point %s: %w", dir, err)
-	}
-	fsDir := filepath.Join(dir, "fs")
-	if err := os.Mkdir(fsDir, 0o700); err != nil {
+	root, err := s.mountTempRoot(v)
+	if err != nil {
 		return err
 	}
-	if err := unix.Mount(device, fsDir, v.FSType, unix.MS_NOATIME|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, data); err != nil {
+	defer unix.Close(root)
+	// The filesystem goes on a directory of the private tmpfs, its own
+	// because xfs_growfs finds the filesystem by looking its path up in
+	// the mount table.
+	fsDir := filepath.Join(s.tempMountDir(v), "fs")
+	if err := unix.Mkdirat(root, "fs", 0o700); err != nil {
+		return &os.PathError{Op: "mkdir", Path: fsDir, Err: err}
+	}
+	at, err := unix.Openat(root, "fs", unix.O_PATH|unix.O_NOFOLLOW|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: fsDir, Err: err}
+	}
+	err = unix.Mount(device, procFD(at), v.FSType, unix.MS_NOATIME|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, data)
+	unix.Close(at)
+	if err != nil {
 		return fmt.Errorf("temporary mount of %s: %w", device, err)
 	}
 	if err := fn(fsDir); err != nil {
@@ -396,34 +395,108 @@ func (s *Store) tempMount(v *Volume, device, data string, fn func(dir string) er
 	return nil
 }
 
-func tempMountName(v *Volume) string { return "mnt-" + v.UUID }
+// tempMountRace, when a test sets it, runs between the opening of the
+// temporary mount point and the mount on it: where a hostile writer of
+// the lock directory would swap it.
+var tempMountRace func(path string)
 
-func (s *Store) tempMountDir(v *Volume) string {
-	return filepath.Join(s.root, lockDir, tempMountName(v))
-}
-
-// makeTempMountDir makes tempMount's directory in the lock directory (its
-// proven fd, storeSubdirFD) and proves it a directory, not a link, as it
-// is about to be mounted on. What stands there otherwise is refused and
-// left, for cleanupTempMount's warning.
-func (s *Store) makeTempMountDir(v *Volume) error {
+// mountTempRoot mounts a new private tmpfs at the lock directory's
+// mnt-<uuid> and returns an fd of its root, which the caller closes. The
+// directory is made and opened in the lock directory's proven fd without
+// following links, and the tmpfs, made detached (fsopen, fsmount), is
+// attached to that open directory (move_mount), never to a path looked up
+// again. The path then must name the new mount (device and inode), since
+// fn and xfs_growfs use it: a mount point cannot be renamed or removed, so
+// what the check sees stays. What is not a directory, or was swapped for
+// something else before the attach, is refused (ErrUnsafe) and left for
+// cleanupTempMount's warning; the tmpfs is detached again.
+//
+// Private, so that the filesystem mounted below it does not propagate
+// into other mount namespaces (kubelet's, containers').
+func (s *Store) mountTempRoot(v *Volume) (int, error) {
 	dir, err := s.lockDirFD()
 	if err != nil {
-		return err
+		return -1, err
 	}
 	defer unix.Close(dir)
 	name, path := tempMountName(v), s.tempMountDir(v)
 	if err := unix.Mkdirat(dir, name, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
-		return &os.PathError{Op: "mkdir", Path: path, Err: err}
+		return -1, &os.PathError{Op: "mkdir", Path: path, Err: err}
 	}
-	var st unix.Stat_t
-	if err := unix.Fstatat(dir, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return &os.PathError{Op: "stat", Path: path, Err: err}
+	notDir := fmt.Errorf("temporary mount point %s is not a directory (inspect it with `ls -l %s` and remove it): %w", path, path, ErrUnsafe)
+	at, err := unix.Openat(dir, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	switch {
+	case errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP):
+		return -1, notDir
+	case err != nil:
+		return -1, &os.PathError{Op: "open", Path: path, Err: err}
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-		return fmt.Errorf("temporary mount point %s is not a directory (inspect it with `ls -l %s` and remove it): %w", path, path, ErrUnsafe)
+	defer unix.Close(at)
+	if tempMountRace != nil {
+		tempMountRace(path)
 	}
-	return nil
+	root, err := newTmpfs()
+	if err != nil {
+		return -1, fmt.Errorf("private mount point %s: %w", path, err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			unix.Unmount(procFD(root), unix.MNT_DETACH)
+			unix.Close(root)
+		}
+	}()
+	if err := unix.MoveMount(root, "", at, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+		return -1, fmt.Errorf("private mount point %s: %w", path, err)
+	}
+	if err := unix.Mount("", procFD(root), "", unix.MS_PRIVATE, ""); err != nil {
+		return -1, fmt.Errorf("private mount point %s: %w", path, err)
+	}
+	var want, got unix.Stat_t
+	if err := unix.Fstat(root, &want); err != nil {
+		return -1, fmt.Errorf("private mount point %s: %w", path, err)
+	}
+	if err := unix.Fstatat(dir, name, &got, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return -1, &os.PathError{Op: "stat", Path: path, Err: err}
+	}
+	if got.Dev != want.Dev || got.Ino != want.Ino {
+		if got.Mode&unix.S_IFMT != unix.S_IFDIR {
+			return -1, notDir
+		}
+		return -1, fmt.Errorf("temporary mount point %s was replaced while it was mounted on (inspect it with `ls -l %s` and remove it): %w", path, path, ErrUnsafe)
+	}
+	ok = true
+	return root, nil
+}
+
+// newTmpfs makes a small tmpfs, mode 0700, not attached anywhere yet, and
+// returns an fd of its root (fsmount), which the caller attaches and
+// closes.
+func newTmpfs() (int, error) {
+	fsfd, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("fsopen tmpfs: %w", err)
+	}
+	defer unix.Close(fsfd)
+	for _, kv := range [][2]string{{"source", "sparsevol-expand"}, {"size", "64k"}, {"mode", "0700"}} {
+		if err := unix.FsconfigSetString(fsfd, kv[0], kv[1]); err != nil {
+			return -1, fmt.Errorf("tmpfs %s=%s: %w", kv[0], kv[1], err)
+		}
+	}
+	if err := unix.FsconfigCreate(fsfd); err != nil {
+		return -1, fmt.Errorf("create tmpfs: %w", err)
+	}
+	root, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("fsmount tmpfs: %w", err)
+	}
+	return root, nil
+}
+
+func tempMountName(v *Volume) string { return "mnt-" + v.UUID }
+
+func (s *Store) tempMountDir(v *Volume) string {
+	return filepath.Join(s.root, lockDir, tempMountName(v))
 }
 
 // cleanupTempMount removes what an offline expansion mounted, including

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -206,4 +207,64 @@ func TestFsEnd(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestTempMountSwapped: the temporary mount point of an offline XFS
+// expansion, swapped for a link to another directory between its proof
+// and the mount (a hostile writer of the lock directory racing the
+// expansion), is never mounted through: nothing is mounted where the link
+// points, the expansion is refused as unsafe, and no mount is left behind
+// on the directory moved away either.
+func TestTempMountSwapped(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, Options{})
+	v := mustCreate(t, s, CreateRequest{Name: "x", SizeBytes: 300 << 20, FSType: "xfs"})
+	victim := t.TempDir()
+	var moved string
+	tempMountRace = func(path string) {
+		moved = path + ".moved"
+		if err := os.Rename(path, moved); err != nil {
+			t.Error(err)
+		}
+		if err := os.Symlink(victim, path); err != nil {
+			t.Error(err)
+		}
+	}
+	t.Cleanup(func() { tempMountRace = nil })
+	_, err := s.Expand(ctx, "x", 320<<20, ExpandOptions{})
+	tempMountRace = nil
+	if !errors.Is(err, ErrUnsafe) {
+		t.Errorf("Expand with its mount point swapped = %v, want ErrUnsafe", err)
+	}
+	if moved == "" {
+		t.Fatal("the expansion mounted nothing: the race was never run")
+	}
+	for _, dir := range []string{victim, moved} {
+		if isMountPoint(t, dir) {
+			unix.Unmount(dir, unix.MNT_DETACH)
+			t.Errorf("%s was mounted on", dir)
+		}
+	}
+	if err := os.Remove(s.tempMountDir(v)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(moved); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := s.Expand(ctx, "x", 320<<20, ExpandOptions{}); err != nil || v.SizeBytes != 320<<20 {
+		t.Errorf("the expansion once the link is gone: %+v, %v", v, err)
+	}
+}
+
+// isMountPoint reports whether something is mounted at dir.
+func isMountPoint(t *testing.T, dir string) bool {
+	t.Helper()
+	var st, parent unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Lstat(filepath.Dir(dir), &parent); err != nil {
+		t.Fatal(err)
+	}
+	return st.Dev != parent.Dev
 }

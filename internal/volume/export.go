@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 
 	"golang.org/x/sys/unix"
 )
@@ -256,7 +255,7 @@ func (s *Store) linkImported(v *Volume, fd int) error {
 		return err
 	}
 	defer unix.Close(dir)
-	if err := unix.Linkat(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd), dir, v.UUID, unix.AT_SYMLINK_FOLLOW); err != nil {
+	if err := unix.Linkat(unix.AT_FDCWD, procFD(fd), dir, v.UUID, unix.AT_SYMLINK_FOLLOW); err != nil {
 		return &os.PathError{Op: "link", Path: v.BackingFile, Err: err}
 	}
 	return nil
