@@ -65,11 +65,9 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
 			return nil, status.Errorf(codes.Internal, "volume %s: %v", id, err)
 		}
-		f, err := os.OpenFile(target, os.O_CREATE|os.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
-		if err != nil {
-			return nil, status.Errorf(codes.Internal, "volume %s: create target file: %v", id, err)
+		if err := makeTargetFile(target); err != nil {
+			return nil, toStatus(fmt.Errorf("volume %s: %w", id, err))
 		}
-		f.Close()
 	} else if err := os.MkdirAll(target, 0o750); err != nil {
 		return nil, status.Errorf(codes.Internal, "volume %s: create target path: %v", id, err)
 	}
@@ -144,6 +142,29 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 	}
 	d.log.Info("volume unpublished", "volume_id", v.UUID, "target_path", target)
 	return &csi.NodeUnpublishVolumeResponse{}, nil
+}
+
+// makeTargetFile makes the empty regular file a block volume is bound
+// onto at target, or accepts one that is there (a retried publish).
+// Nothing there is opened: a FIFO would block the open, and a device
+// node would act on it. Anything but a regular file is refused
+// (volume.ErrInvalid) and left as it is.
+func makeTargetFile(target string) error {
+	fd, err := unix.Open(target, unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_RDONLY|unix.O_CLOEXEC, 0o600)
+	if err == nil {
+		return unix.Close(fd)
+	}
+	if !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("create target file %s: %w", target, err)
+	}
+	fi, err := os.Lstat(target)
+	if err != nil {
+		return fmt.Errorf("target path %s: %w", target, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("target path %s is not a regular file (%s; remove it): %w", target, fi.Mode(), volume.ErrInvalid)
+	}
+	return nil
 }
 
 // removeTarget removes what a volume was bound onto at target, as publish

@@ -5,10 +5,12 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
@@ -108,4 +110,58 @@ func TestNodeRefusesWhatIsNotTheVolumes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBlockPublishTargetNotAFile: a block volume's target path that
+// holds something other than a regular file (a FIFO a pod made, a device
+// node) is refused with InvalidArgument and left as it is, never opened
+// (a FIFO's open blocks, and held the volume's in-flight guard for every
+// later call); the volume is published once it is a file again.
+func TestBlockPublishTargetNotAFile(t *testing.T) {
+	e := newTestEnv(t)
+	c := rwCap(volume.ModeBlock, "")
+	vol := e.createVolume(t, "target-fifo", 32<<20, c, nil)
+	p := published{id: vol.GetVolumeId(), c: c, staging: filepath.Join(e.kubelet, "staging-target-fifo"),
+		target: filepath.Join(e.kubelet, "pods", vol.GetVolumeId(), "target")}
+	if err := os.MkdirAll(filepath.Dir(p.target), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.node.NodeStageVolume(context.Background(), &csi.NodeStageVolumeRequest{
+		VolumeId: p.id, StagingTargetPath: p.staging, VolumeCapability: c}); err != nil {
+		t.Fatal(err)
+	}
+	for _, plant := range []struct {
+		name string
+		make func(path string) error
+	}{
+		{"fifo", func(path string) error { return unix.Mkfifo(path, 0o600) }},
+		{"device node", func(path string) error { return unix.Mknod(path, unix.S_IFCHR|0o600, int(unix.Mkdev(1, 3))) }}, // /dev/null
+		{"directory", func(path string) error { return os.Mkdir(path, 0o700) }},
+	} {
+		t.Run(plant.name, func(t *testing.T) {
+			q := p
+			q.target = filepath.Join(e.kubelet, "pods", p.id, plant.name)
+			if err := plant.make(q.target); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.Remove(q.target) })
+			var before unix.Stat_t
+			if err := unix.Lstat(q.target, &before); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, err := e.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{
+				VolumeId: q.id, StagingTargetPath: q.staging, TargetPath: q.target, VolumeCapability: c})
+			if status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("NodePublishVolume onto a %s = %v, want InvalidArgument", plant.name, err)
+			}
+			var after unix.Stat_t
+			if err := unix.Lstat(q.target, &after); err != nil || after.Ino != before.Ino || after.Mode != before.Mode || mountCount(t, q.target) != 0 {
+				t.Errorf("the %s at the target changed or was mounted on: %+v, %v", plant.name, after, err)
+			}
+		})
+	}
+	e.publish(t, p)
+	e.teardown(t, p)
 }
