@@ -81,7 +81,7 @@ func parseRequest(caps []*csi.VolumeCapability, params map[string]string, cr *cs
 	r := &s.req
 	capFS := ""
 	for i, c := range caps {
-		if err := checkAccessMode(c); err != nil {
+		if err := checkRequested(c); err != nil {
 			return nil, err
 		}
 		var mode volume.Mode
@@ -208,9 +208,11 @@ func checkCapacityRange(cr *csi.CapacityRange) error {
 	return nil
 }
 
-// checkAccessMode accepts the single-node access modes only: a sparse
-// file on one node's disk cannot be shared with other nodes.
-func checkAccessMode(c *csi.VolumeCapability) error {
+// checkRequested applies what a capability may ask of any volume: one
+// of the single-node access modes (a sparse file on one node's disk
+// cannot be shared with other nodes), and mount flags that
+// checkMountOptions passes.
+func checkRequested(c *csi.VolumeCapability) error {
 	if c == nil || c.GetAccessMode() == nil {
 		return status.Error(codes.InvalidArgument, "volume capability without access mode")
 	}
@@ -219,15 +221,18 @@ func checkAccessMode(c *csi.VolumeCapability) error {
 		csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY,
 		csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER,
 		csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER:
-		return nil
 	default:
 		return status.Errorf(codes.InvalidArgument, "access mode %s is not supported: volumes live on one node", m)
 	}
+	if err := checkMountOptions(c.GetMount().GetMountFlags()); err != nil {
+		return status.Errorf(codes.InvalidArgument, "mount_flags: %v", err)
+	}
+	return nil
 }
 
 // checkCapability reports whether capability c can be served by volume v.
 func checkCapability(v *volume.Volume, c *csi.VolumeCapability) error {
-	if err := checkAccessMode(c); err != nil {
+	if err := checkRequested(c); err != nil {
 		return err
 	}
 	switch {

@@ -1,13 +1,21 @@
 package csi
 
 import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	"github.com/sparsevol/sparsevol/internal/loop"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
@@ -76,5 +84,100 @@ func TestStageMountOptions(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestCheckMountOptions(t *testing.T) {
+	tests := []struct {
+		options []string
+		ok      bool
+	}{
+		{nil, true},
+		{[]string{"defaults", "ro,noatime", "discard"}, true},
+		{[]string{"errors=remount-ro", "data=writeback", "commit=30"}, true},
+		{[]string{"inode64,logbsize=256k,allocsize=64k", "nouuid"}, true},
+		{[]string{"loop"}, false},
+		{[]string{"loop,offset=0"}, false},
+		{[]string{"offset=1048576"}, false},
+		{[]string{"sizelimit=1M"}, false},
+		{[]string{"bind"}, false},
+		{[]string{"remount,rw"}, false},
+		{[]string{"logdev=/dev/vda"}, false},
+		{[]string{"journal_path=/dev/vda"}, false},
+		{[]string{"errors=panic"}, false},
+		{[]string{"commit=/etc"}, false},
+		{[]string{"commit="}, false},
+		{[]string{"noatime,"}, false},
+		{[]string{"inode64=1"}, false},
+		{[]string{"x-mount.mkdir=/etc"}, false},
+	}
+	for _, tt := range tests {
+		err := checkMountOptions(tt.options)
+		if (err == nil) != tt.ok || (err != nil && !errors.Is(err, volume.ErrInvalid)) {
+			t.Errorf("checkMountOptions(%q) = %v; want ok %t", tt.options, err, tt.ok)
+		}
+	}
+}
+
+// TestRefusedMountOptions: a capability whose mount flags name a loop
+// device setup (what mount(8) would do with "loop,offset=0": an untagged
+// device onto the volume's, a window its ownership proof refuses
+// elsewhere) or a path is refused with InvalidArgument by CreateVolume,
+// ValidateVolumeCapabilities, NodeStageVolume and NodePublishVolume
+// alike, before anything is done: no loop device is added and nothing is
+// mounted at the staging path.
+func TestRefusedMountOptions(t *testing.T) {
+	e := newTestEnv(t)
+	ctx := context.Background()
+	good := rwCap(volume.ModeFilesystem, "ext4")
+	vol := e.createVolume(t, "bad-options", 32<<20, good, nil)
+	id := vol.GetVolumeId()
+	staging := filepath.Join(e.kubelet, "staging-bad-options")
+	if err := os.MkdirAll(staging, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	before, err := loop.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, flags := range [][]string{{"loop,offset=0"}, {"noatime", "logdev=/dev/vda"}, {"errors=panic"}} {
+		bad := rwCap(volume.ModeFilesystem, "ext4")
+		bad.GetMount().MountFlags = flags
+		calls := map[string]func() error{
+			"CreateVolume": func() error {
+				_, err := e.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "bad-options-2",
+					CapacityRange: &csi.CapacityRange{RequiredBytes: 32 << 20}, VolumeCapabilities: []*csi.VolumeCapability{bad}})
+				return err
+			},
+			"NodeStageVolume": func() error {
+				_, err := e.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: bad})
+				return err
+			},
+			"NodePublishVolume": func() error {
+				_, err := e.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+					TargetPath: filepath.Join(e.kubelet, "pods", id, "target"), VolumeCapability: bad})
+				return err
+			},
+		}
+		for name, call := range calls {
+			if err := call(); status.Code(err) != codes.InvalidArgument {
+				t.Errorf("%s with mount flags %q = %v, want InvalidArgument", name, flags, err)
+			}
+		}
+		resp, err := e.ctrl.ValidateVolumeCapabilities(ctx, &csi.ValidateVolumeCapabilitiesRequest{VolumeId: id,
+			VolumeCapabilities: []*csi.VolumeCapability{bad}})
+		if err != nil || resp.GetConfirmed() != nil {
+			t.Errorf("ValidateVolumeCapabilities with mount flags %q confirmed them: %v, %v", flags, resp, err)
+		}
+	}
+	after, err := loop.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != len(before) || mountCount(t, staging) != 0 {
+		t.Errorf("loop devices %d -> %d, %d mounts at the staging path; want nothing changed", len(before), len(after), mountCount(t, staging))
+	}
+	if _, err := e.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Errorf("DeleteVolume: %v", err)
 	}
 }

@@ -4,10 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
 // devNum is a device number split as mountinfo shows it.
@@ -232,6 +235,78 @@ var mountFlags = map[string]struct{ set, clear uintptr }{
 // fsDataOptions are options mount(8) hands to the filesystem as they are
 // (ext4 and XFS both know them).
 var fsDataOptions = map[string]bool{"discard": true, "nodiscard": true}
+
+// fsMountOptions are the ext4 and XFS options mount flags may carry
+// beyond mountFlags and fsDataOptions; mount(8) hands them to the
+// filesystem. A key ending in "=" takes a value of mountValue's
+// characters; fsMountValues lists the only values some keys take.
+// Nothing here names a path or a device (logdev, journal_path), sets up
+// a loop device (loop, offset, sizelimit), moves or remounts (bind,
+// move, remount), or panics the node on an error (errors=panic).
+var fsMountOptions = map[string]bool{
+	// ext4
+	"errors=": true, "data=": true, "data_err=": true, "commit=": true, "barrier": true, "nobarrier": true,
+	"barrier=": true, "journal_checksum": true, "nojournal_checksum": true, "journal_async_commit": true,
+	"journal_ioprio=": true, "delalloc": true, "nodelalloc": true, "max_batch_time=": true,
+	"min_batch_time=": true, "auto_da_alloc": true, "noauto_da_alloc": true, "init_itable=": true,
+	"noinit_itable": true, "stripe=": true, "dioread_nolock": true, "dioread_lock": true, "i_version": true,
+	"nombcache": true, "block_validity": true, "noblock_validity": true, "acl": true, "noacl": true,
+	"user_xattr": true, "nouser_xattr": true, "resgid=": true, "resuid=": true, "mb_optimize_scan=": true,
+	"prefetch_block_bitmaps": true, "no_prefetch_block_bitmaps": true,
+	// both
+	"grpid": true, "bsdgroups": true, "nogrpid": true, "sysvgroups": true, "quota": true, "noquota": true,
+	"usrquota": true, "grpquota": true, "prjquota": true,
+	// XFS
+	"allocsize=": true, "attr2": true, "noattr2": true, "filestreams": true, "ikeep": true, "noikeep": true,
+	"inode32": true, "inode64": true, "largeio": true, "nolargeio": true, "logbufs=": true, "logbsize=": true,
+	"noalign": true, "nouuid": true, "uquota": true, "uqnoenforce": true, "pquota": true, "pqnoenforce": true,
+	"gquota": true, "gqnoenforce": true, "sunit=": true, "swidth=": true, "swalloc": true, "wsync": true,
+}
+
+// fsMountValues are the only values the keys listed take.
+var fsMountValues = map[string][]string{
+	"errors":   {"continue", "remount-ro"},
+	"data":     {"ordered", "writeback", "journal"},
+	"data_err": {"ignore", "abort"},
+}
+
+// checkMountOptions refuses (volume.ErrInvalid) a mount option that is
+// not in mountFlags, fsDataOptions or fsMountOptions, or an empty one.
+// Every capability is checked before anything is done with it
+// (checkRequested); mountArgs then knows each option's way.
+func checkMountOptions(options []string) error {
+	for _, o := range options {
+		for _, opt := range strings.Split(o, ",") {
+			if _, ok := mountFlags[opt]; ok || fsDataOptions[opt] {
+				continue
+			}
+			key, value, hasValue := strings.Cut(opt, "=")
+			switch {
+			case !hasValue && fsMountOptions[key]:
+				continue
+			case hasValue && fsMountOptions[key+"="] && mountValue(value) &&
+				(fsMountValues[key] == nil || slices.Contains(fsMountValues[key], value)):
+				continue
+			}
+			return fmt.Errorf("mount option %q is not one sparsevol passes on (mount(2) flags, discard, and ext4 and XFS options that name no path or device): %w", opt, volume.ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// mountValue reports whether v is a value fsMountOptions may take: a
+// number, a size or a word, no path.
+func mountValue(v string) bool {
+	if v == "" || len(v) > 64 {
+		return false
+	}
+	for _, c := range v {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
 
 // mountArgs turns mount(8) options into mount(2) flags and data, and
 // says false for any option outside mountFlags and fsDataOptions (or
