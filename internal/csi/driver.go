@@ -66,9 +66,9 @@ type Config struct {
 	// empty): node RPCs act on paths below it only. It must be absolute,
 	// clean and free of symbolic links.
 	KubeletDir string
-	// Mounter mounts (the node never formats: only CreateVolume does,
-	// through the store); nil uses the host's mount(8) without systemd
-	// scopes.
+	// Mounter's Exec runs the filesystem resizers of NodeExpandVolume
+	// (node mounts are mount(2) and the new mount API on descriptors, no
+	// process); nil uses the host's without systemd scopes.
 	Mounter *mount.SafeFormatAndMount
 }
 
@@ -87,7 +87,6 @@ type Driver struct {
 	store      *volume.Store
 	log        *slog.Logger
 	metrics    *Metrics
-	mounter    *mount.SafeFormatAndMount
 	kubeletDir string
 	resizer    *mount.ResizeFs
 
@@ -134,7 +133,6 @@ func New(cfg Config) (*Driver, error) {
 		store:      cfg.Store,
 		log:        cfg.Logger,
 		metrics:    cfg.Metrics,
-		mounter:    cfg.Mounter,
 		kubeletDir: cfg.KubeletDir,
 		resizer:    mount.NewResizeFs(cfg.Mounter.Exec),
 		busy:       inflight{keys: map[string]struct{}{}},

@@ -31,24 +31,24 @@ func TestMountArgs(t *testing.T) {
 		{[]string{"ro", "noatime"}, unix.MS_RDONLY | unix.MS_NOATIME, "", true},
 		{[]string{"ro,nodev", "rw"}, unix.MS_NODEV, "", true}, // in order, as mount(8)
 		{[]string{"nosuid", "discard"}, unix.MS_NOSUID, "discard", true},
-		{[]string{"errors=remount-ro"}, 0, "", false},
-		{[]string{"noatime", "data=journal"}, 0, "", false},
+		{[]string{"errors=remount-ro"}, 0, "errors=remount-ro", true},
+		{[]string{"noatime", "data=journal,inode64"}, unix.MS_NOATIME, "data=journal,inode64", true},
 		{[]string{"nofail"}, 0, "", false},
 		{[]string{"ro,"}, 0, "", false},
 		{[]string{"remount"}, 0, "", false},
 		{[]string{"bind"}, 0, "", false},
 	}
 	for _, tt := range tests {
-		flags, data, ok := mountArgs(tt.options)
-		if ok != tt.ok || (ok && (flags != tt.flags || data != tt.data)) {
-			t.Errorf("mountArgs(%q) = %#x, %q, %t; want %#x, %q, %t", tt.options, flags, data, ok, tt.flags, tt.data, tt.ok)
+		flags, data, err := mountArgs(tt.options)
+		if (err == nil) != tt.ok || (err == nil && (flags != tt.flags || data != tt.data)) {
+			t.Errorf("mountArgs(%q) = %#x, %q, %v; want %#x, %q, ok %t", tt.options, flags, data, err, tt.flags, tt.data, tt.ok)
 		}
 	}
 }
 
 // TestStageMountOptions stages filesystems with the kubelet's mount
-// options: those mountArgs knows by mount(2) itself, others through
-// mount(8); either way the staged mount carries them.
+// options, flags and the filesystem's own, all by mount(2): the staged
+// mount carries them.
 func TestStageMountOptions(t *testing.T) {
 	e := newTestEnv(t)
 	tests := []struct {
@@ -60,7 +60,7 @@ func TestStageMountOptions(t *testing.T) {
 		{"flags", "ext4", []string{"noatime", "nodev", "nosuid"}, []string{"noatime", "nodev", "nosuid"}},
 		{"read-only", "xfs", []string{"ro"}, []string{"ro"}},
 		{"filesystem option", "ext4", []string{"discard"}, []string{"discard"}},
-		{"mount8 only", "ext4", []string{"noexec", "errors=remount-ro"}, []string{"noexec", "errors=remount-ro"}},
+		{"filesystem options", "ext4", []string{"noexec", "errors=remount-ro"}, []string{"noexec", "errors=remount-ro"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -176,7 +176,7 @@ func (d *Driver) unmountOwned(path string, uses usesOf) (unmounted int, foreign 
 		if !uses.owns(top) {
 			return unmounted, top, nil
 		}
-		if err := unix.Unmount(path, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+		if err := unix.Unmount(path, unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) {
 			return unmounted, nil, fmt.Errorf("unmount %s: %w", path, err)
 		}
 		unmounted++
@@ -184,26 +184,68 @@ func (d *Driver) unmountOwned(path string, uses usesOf) (unmounted int, foreign 
 	return unmounted, nil, fmt.Errorf("unmount %s: still mounted after 8 unmounts", path)
 }
 
-// bindMount binds source (a device node or a directory) at target, and
-// read-only if readOnly: the two mount(2) calls mount(8) makes for
-// `mount -o bind[,ro]` (a bind, then a remount of it with the options),
-// without a process for each.
-func bindMount(source, target string, readOnly bool) error {
-	if err := unix.Mount(source, target, "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("bind %s at %s: %w", source, target, err)
+// bindMount binds what source is open on (a block device node, or the
+// volume's filesystem at its staging path) onto what target is open on,
+// read-only if readOnly: a clone of source's mount (open_tree) is made
+// read-only before it is attached (mount_setattr), then attached to
+// target (move_mount). Nothing is looked up by name again, and a
+// read-only bind is never writable, not for a moment. The clone keeps
+// the per-mount flags of source's mount (the staging mount's options).
+// The caller owns both fds.
+func bindMount(source, target int, readOnly bool) error {
+	clone, err := unix.OpenTree(source, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
+	if err != nil {
+		return fmt.Errorf("clone the mount (open_tree): %w", err)
 	}
-	flags := uintptr(unix.MS_REMOUNT | unix.MS_BIND)
+	defer unix.Close(clone)
 	if readOnly {
-		flags |= unix.MS_RDONLY
-	}
-	if err := unix.Mount(source, target, "", flags, ""); err != nil {
-		// Half done is not done: no writable bind is left behind.
-		if uerr := unix.Unmount(target, 0); uerr != nil {
-			err = errors.Join(err, fmt.Errorf("undo the bind: %w", uerr))
+		if err := unix.MountSetattr(clone, "", unix.AT_EMPTY_PATH, &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}); err != nil {
+			return fmt.Errorf("make the bind read-only (mount_setattr): %w", err)
 		}
-		return fmt.Errorf("remount the bind of %s at %s: %w", source, target, err)
+	}
+	if err := unix.MoveMount(clone, "", target, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attach the bind (move_mount): %w", err)
 	}
 	return nil
+}
+
+// openOn opens the node path p (openNodePath) and proves that what it
+// reaches is on dev, the volume's device: its filesystem, for a staging
+// path it mounted. Anything else (a path swapped since it was mounted on)
+// is volume.ErrUnsafe. The caller closes the fd.
+func openOn(p, dev string) (int, error) {
+	fd, err := openNodePath(p, existing)
+	if err != nil {
+		return -1, err
+	}
+	var st, d unix.Stat_t
+	err = unix.Fstat(fd, &st)
+	if err == nil {
+		err = unix.Stat(dev, &d)
+	}
+	if err == nil && (d.Mode&unix.S_IFMT != unix.S_IFBLK || st.Dev != d.Rdev) {
+		err = fmt.Errorf("%s is not on %s: %w", p, dev, volume.ErrUnsafe)
+	}
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+// openDevice opens the block device node dev with O_PATH, not following a
+// link: what a block volume's bind clones.
+func openDevice(dev string) (int, error) {
+	fd, err := unix.Open(dev, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open %s: %w", dev, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		unix.Close(fd)
+		return -1, fmt.Errorf("%s is not a block device (%v): %w", dev, err, volume.ErrUnsafe)
+	}
+	return fd, nil
 }
 
 // mountFlags are the mount(8) options that are mount(2) flags: set or
@@ -308,10 +350,14 @@ func mountValue(v string) bool {
 	return true
 }
 
-// mountArgs turns mount(8) options into mount(2) flags and data, and
-// says false for any option outside mountFlags and fsDataOptions (or
-// an empty one), whose meaning only mount(8) knows.
-func mountArgs(options []string) (flags uintptr, data string, ok bool) {
+// mountArgs turns mount(8) options, checked by checkMountOptions, into
+// mount(2) flags and the filesystem's data: each option mountFlags knows
+// is a flag, set or cleared in order as mount(8) does, and every other
+// one is the filesystem's, as mount(8) would hand it on.
+func mountArgs(options []string) (flags uintptr, data string, err error) {
+	if err := checkMountOptions(options); err != nil {
+		return 0, "", err
+	}
 	var fsOpts []string
 	for _, o := range options {
 		for _, opt := range strings.Split(o, ",") {
@@ -319,25 +365,27 @@ func mountArgs(options []string) (flags uintptr, data string, ok bool) {
 				flags = flags&^f.clear | f.set
 				continue
 			}
-			if !fsDataOptions[opt] {
-				return 0, "", false
-			}
 			fsOpts = append(fsOpts, opt)
 		}
 	}
-	return flags, strings.Join(fsOpts, ","), true
+	return flags, strings.Join(fsOpts, ","), nil
 }
 
-// mountFilesystem mounts the fsType filesystem on dev at target with
-// mount(8) options: by mount(2) itself where mountArgs knows every
-// option, which spares a process, and through d.mounter (mount(8))
-// otherwise.
-func (d *Driver) mountFilesystem(dev, target, fsType string, options []string) error {
-	flags, data, ok := mountArgs(options)
-	if !ok {
-		return d.mounter.Mount(dev, target, fsType, options)
+// mountFilesystem mounts the fsType filesystem on dev at target (a
+// node path, its missing directories made by openNodePath) with mount(8)
+// options, by mount(2) onto the directory opened: no process, and no name
+// looked up again.
+func mountFilesystem(dev, target, fsType string, options []string) error {
+	flags, data, err := mountArgs(options)
+	if err != nil {
+		return err
 	}
-	if err := unix.Mount(dev, target, fsType, flags, data); err != nil {
+	fd, err := openNodePath(target, makeDir)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Mount(dev, procFD(fd), fsType, flags, data); err != nil {
 		return fmt.Errorf("mount(2) %s at %s, type %s, options %q: %w", dev, target, fsType, strings.Join(options, ","), err)
 	}
 	return nil

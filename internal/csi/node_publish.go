@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -59,20 +58,8 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	} else if mp {
 		return nil, status.Errorf(codes.AlreadyExists, "target path %s holds a mount of something else than volume %s", target, id)
 	}
-	source := staging
-	if v.Mode == volume.ModeBlock {
-		source = st.DataDevice
-		if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
-			return nil, status.Errorf(codes.Internal, "volume %s: %v", id, err)
-		}
-		if err := makeTargetFile(target); err != nil {
-			return nil, toStatus(fmt.Errorf("volume %s: %w", id, err))
-		}
-	} else if err := os.MkdirAll(target, 0o750); err != nil {
-		return nil, status.Errorf(codes.Internal, "volume %s: create target path: %v", id, err)
-	}
-	if err := bindMount(source, target, req.GetReadonly()); err != nil {
-		return nil, status.Errorf(codes.Internal, "volume %s: %v", id, err)
+	if err := publishAt(v, st.DataDevice, staging, target, req.GetReadonly()); err != nil {
+		return nil, toStatus(fmt.Errorf("volume %s: %w", id, err))
 	}
 	d.log.Info("volume published", "volume_id", id, "name", v.Name, "target_path", target, "readonly", req.GetReadonly())
 	return &csi.NodePublishVolumeResponse{}, nil
@@ -144,27 +131,32 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 	return &csi.NodeUnpublishVolumeResponse{}, nil
 }
 
-// makeTargetFile makes the empty regular file a block volume is bound
-// onto at target, or accepts one that is there (a retried publish).
-// Nothing there is opened: a FIFO would block the open, and a device
-// node would act on it. Anything but a regular file is refused
-// (volume.ErrInvalid) and left as it is.
-func makeTargetFile(target string) error {
-	fd, err := unix.Open(target, unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_RDONLY|unix.O_CLOEXEC, 0o600)
-	if err == nil {
-		return unix.Close(fd)
+// publishAt binds the volume onto target, read-only if readOnly: its
+// device node dev (a block volume, onto a regular file made at target)
+// or its filesystem at staging (onto a directory made at target). Both
+// paths are walked once, without following links (openNodePath), and the
+// bind goes from fd to fd (bindMount): what is bound and where is what
+// the walks found, and staging must be on dev.
+func publishAt(v *volume.Volume, dev, staging, target string, readOnly bool) error {
+	var source int
+	var err error
+	end := makeDir
+	if v.Mode == volume.ModeBlock {
+		source, err = openDevice(dev)
+		end = makeFile
+	} else {
+		source, err = openOn(staging, dev)
 	}
-	if !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("create target file %s: %w", target, err)
-	}
-	fi, err := os.Lstat(target)
 	if err != nil {
-		return fmt.Errorf("target path %s: %w", target, err)
+		return err
 	}
-	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("target path %s is not a regular file (%s; remove it): %w", target, fi.Mode(), volume.ErrInvalid)
+	defer unix.Close(source)
+	at, err := openNodePath(target, end)
+	if err != nil {
+		return fmt.Errorf("target path: %w", err)
 	}
-	return nil
+	defer unix.Close(at)
+	return bindMount(source, at, readOnly)
 }
 
 // removeTarget removes what a volume was bound onto at target, as publish

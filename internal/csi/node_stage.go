@@ -3,7 +3,7 @@ package csi
 import (
 	"context"
 	"errors"
-	"os"
+	"fmt"
 	"slices"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -82,15 +82,12 @@ func (d *Driver) stageDevice(ctx context.Context, v *volume.Volume, c *csi.Volum
 	if err := d.store.CheckFilesystem(ctx, v, st.DataDevice); err != nil {
 		return usesOf{}, false, err
 	}
-	if err := os.MkdirAll(staging, 0o750); err != nil {
-		return usesOf{}, false, status.Errorf(codes.Internal, "volume %s: create staging path: %v", v.UUID, err)
-	}
 	flags := c.GetMount().GetMountFlags()
 	if v.Labels[LabelDiscard] == "true" && !slices.Contains(flags, "discard") {
 		flags = append(slices.Clone(flags), "discard")
 	}
-	if err := d.mountFilesystem(st.DataDevice, staging, v.FSType, flags); err != nil {
-		return usesOf{}, false, status.Errorf(codes.Internal, "volume %s: mount %s (%s) at %s: %v", v.UUID, st.DataDevice, v.FSType, staging, err)
+	if err := mountFilesystem(st.DataDevice, staging, v.FSType, flags); err != nil {
+		return usesOf{}, false, toStatus(fmt.Errorf("volume %s: mount %s (%s) at %s: %w", v.UUID, st.DataDevice, v.FSType, staging, err))
 	}
 	d.log.Info("volume staged", "volume_id", v.UUID, "name", v.Name, "device", st.DataDevice, "staging_target_path", staging)
 	return usesOf{}, true, nil

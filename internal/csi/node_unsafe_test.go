@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -164,4 +165,122 @@ func TestBlockPublishTargetNotAFile(t *testing.T) {
 	}
 	e.publish(t, p)
 	e.teardown(t, p)
+}
+
+// TestNodePathSwapped: a directory of a staging or target path swapped
+// for a link to another directory after the call walked the path (what a
+// pod writing below the kubelet directory can race) is never mounted
+// through: stage and publish of a filesystem volume and publish of a
+// block volume mount on the directory the walk found, wherever it was
+// moved, and nothing is mounted where the link points.
+func TestNodePathSwapped(t *testing.T) {
+	e := newTestEnv(t)
+	ctx := context.Background()
+	t.Cleanup(func() { nodePathRace = nil })
+	for _, tt := range []struct {
+		name  string
+		mode  volume.Mode
+		stage bool // swap on the stage call, else on the publish call
+	}{
+		{"stage filesystem", volume.ModeFilesystem, true},
+		{"publish filesystem", volume.ModeFilesystem, false},
+		{"publish block", volume.ModeBlock, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			fs := "ext4"
+			if tt.mode == volume.ModeBlock {
+				fs = ""
+			}
+			c := rwCap(tt.mode, fs)
+			vol := e.createVolume(t, "swap-"+strings.ReplaceAll(tt.name, " ", "-"), 32<<20, c, nil)
+			id := vol.GetVolumeId()
+			p := published{id: id, c: c, staging: filepath.Join(e.kubelet, "staging", id, "mount"),
+				target: filepath.Join(e.kubelet, "pods", id, "mount", "target")}
+			swapped := filepath.Dir(p.target)
+			if tt.stage {
+				swapped = filepath.Dir(p.staging)
+			}
+			for _, d := range []string{swapped, filepath.Dir(p.target)} {
+				if err := os.MkdirAll(d, 0o750); err != nil {
+					t.Fatal(err)
+				}
+			}
+			victim := t.TempDir()
+			if tt.mode == volume.ModeBlock {
+				if err := os.WriteFile(filepath.Join(victim, "target"), nil, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				for _, d := range []string{"mount", "target"} {
+					if err := os.Mkdir(filepath.Join(victim, d), 0o700); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			moved := swapped + ".moved"
+			race := func(path string) {
+				if !strings.HasPrefix(path, swapped+"/") {
+					return
+				}
+				nodePathRace = nil
+				if err := os.Rename(swapped, moved); err != nil {
+					t.Error(err)
+				}
+				if err := os.Symlink(victim, swapped); err != nil {
+					t.Error(err)
+				}
+			}
+			stage := func() error {
+				_, err := e.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: p.staging, VolumeCapability: c})
+				return err
+			}
+			publish := func() error {
+				_, err := e.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: p.staging,
+					TargetPath: p.target, VolumeCapability: c})
+				return err
+			}
+			if !tt.stage {
+				if err := stage(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			nodePathRace = race
+			call := publish
+			if tt.stage {
+				call = stage
+			}
+			err := call()
+			if nodePathRace != nil {
+				nodePathRace = nil
+				t.Fatalf("%s walked no path below %s: the race was never run (%v)", tt.name, swapped, err)
+			}
+			if err != nil {
+				t.Errorf("%s with a directory swapped for a link after the walk: %v", tt.name, err)
+			}
+			for _, d := range []string{"mount", "target"} {
+				if mountCount(t, filepath.Join(victim, d)) != 0 {
+					unix.Unmount(filepath.Join(victim, d), unix.MNT_DETACH)
+					t.Errorf("%s was mounted on through the link", filepath.Join(victim, d))
+				}
+			}
+			last := filepath.Base(p.target)
+			if tt.stage {
+				last = filepath.Base(p.staging)
+			}
+			if mountCount(t, filepath.Join(moved, last)) != 1 {
+				t.Errorf("the volume is not mounted on the directory the walk found, now %s", filepath.Join(moved, last))
+			}
+			// The mounts move with their directory.
+			if err := os.Remove(swapped); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(moved, swapped); err != nil {
+				t.Fatal(err)
+			}
+			if tt.stage {
+				e.publish(t, p)
+			}
+			e.teardown(t, p)
+		})
+	}
 }

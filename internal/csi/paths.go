@@ -23,9 +23,11 @@ const DefaultKubeletDir = "/var/lib/kubelet"
 // what is mounted, unmounted or removed there is where it is named and
 // mountinfo spells it the same way. A violation is ErrInvalid.
 //
-// Components that do not exist yet are not checked: they are created by
-// the plugin itself (MkdirAll never makes links). The kubelet directory is
-// trusted to be writable by root only.
+// Components that do not exist yet are not checked here: openNodePath
+// makes them, and it walks the whole path again, without following a
+// link, to the fd that is mounted on or bound from: parts of the kubelet
+// directory are writable by pods (emptyDir volumes), so what this check
+// saw may be swapped before the mount.
 func checkNodePath(kubeletDir, field, p string) error {
 	switch {
 	case !filepath.IsAbs(p):

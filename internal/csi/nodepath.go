@@ -1,0 +1,128 @@
+package csi
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/volume"
+)
+
+// pathEnd says what openNodePath makes of a node path's last component.
+type pathEnd int
+
+const (
+	existing pathEnd = iota // what is there: a directory or a file, made by nobody
+	makeDir                 // a directory, made if missing
+	makeFile                // a regular file, made empty if missing
+)
+
+// openNodePath opens the node path p (checkNodePath's rules hold for it)
+// with O_PATH, walking it from "/" one component at a time in the
+// directory opened before, without following any link: what is mounted on
+// the fd, or bound from it, is what the walk saw, whatever is renamed or
+// swapped for a link meanwhile. Missing directories above the end are
+// made (mode 0750) unless end is existing. The caller closes the fd.
+//
+// A link or a non-directory on the way, or at the end anything but what
+// end asks (a file where a directory is made, a FIFO or device node
+// where a regular file is), is ErrInvalid and left as it is: nothing
+// found there is opened for I/O.
+func openNodePath(p string, end pathEnd) (int, error) {
+	parts := strings.Split(strings.TrimPrefix(p, "/"), "/")
+	dir, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open /: %w", err)
+	}
+	for i, c := range parts {
+		last := i == len(parts)-1
+		var fd int
+		switch {
+		case !last:
+			fd, err = openDirAt(dir, c, end != existing)
+		case end == makeDir:
+			fd, err = openDirAt(dir, c, true)
+		case end == makeFile:
+			fd, err = openFileAt(dir, c)
+		default:
+			fd, err = unix.Openat(dir, c, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err == nil {
+				err = notLink(fd)
+			}
+		}
+		unix.Close(dir)
+		if err != nil {
+			cur := "/" + strings.Join(parts[:i+1], "/")
+			if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+				return -1, fmt.Errorf("%s is a symbolic link or not a directory: %w", cur, volume.ErrInvalid)
+			}
+			return -1, fmt.Errorf("%s: %w", cur, err)
+		}
+		dir = fd
+	}
+	if nodePathRace != nil {
+		nodePathRace(p)
+	}
+	return dir, nil
+}
+
+// nodePathRace, when a test sets it, runs once a node path was walked,
+// before anything is done on its fd: where whoever can write below the
+// kubelet directory (a pod, in its emptyDir) would swap a component.
+var nodePathRace func(path string)
+
+// openDirAt opens the directory name in dir, making it first if mk.
+func openDirAt(dir int, name string, mk bool) (int, error) {
+	if mk {
+		if err := unix.Mkdirat(dir, name, 0o750); err != nil && !errors.Is(err, unix.EEXIST) {
+			return -1, fmt.Errorf("mkdir: %w", err)
+		}
+	}
+	return unix.Openat(dir, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+}
+
+// openFileAt opens the regular file name in dir, made empty (0600) if it
+// is missing; the existing file of a retried publish is used.
+func openFileAt(dir int, name string) (int, error) {
+	if fd, err := unix.Openat(dir, name, unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_RDONLY|unix.O_CLOEXEC, 0o600); err == nil {
+		unix.Close(fd)
+	} else if !errors.Is(err, unix.EEXIST) {
+		return -1, fmt.Errorf("create: %w", err)
+	}
+	fd, err := unix.Openat(dir, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return -1, fmt.Errorf("not a regular file (mode %#o; remove it): %w", st.Mode, volume.ErrInvalid)
+	}
+	return fd, nil
+}
+
+// notLink fails (ELOOP) when fd, opened O_PATH|O_NOFOLLOW, is a symbolic
+// link itself.
+func notLink(fd int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return err
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		unix.Close(fd)
+		return unix.ELOOP
+	}
+	return nil
+}
+
+// procFD is the path through which the kernel reaches what fd is open on,
+// without looking a name up again.
+func procFD(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
