@@ -74,7 +74,7 @@ func (s *Store) Adopt(ctx context.Context, paths []string, dir string) ([]*Volum
 	var fresh []*candidate
 	defer func() {
 		for _, c := range fresh {
-			unix.Close(c.fd)
+			c.close()
 		}
 	}()
 	for _, p := range paths {
@@ -116,12 +116,22 @@ func (s *Store) Adopt(ctx context.Context, paths []string, dir string) ([]*Volum
 }
 
 // candidate is a file that passed the adoption checks, held open (O_PATH)
-// so that what is moved in can be proven to be what was checked.
+// so that what is moved in can be proven to be what was checked. Its
+// directory is held open too: the checks and the rename both name the
+// file as base in parent, never by its path again.
 type candidate struct {
-	v    *Volume
-	path string // absolute, as given
-	fd   int
-	id   loop.FileID
+	v       *Volume
+	path    string // absolute, as given; for messages only
+	parent  int    // O_PATH fd of the file's directory, resolved once
+	base    string // the file's name in parent
+	fd      int    // O_PATH|O_NOFOLLOW fd of the file
+	id      loop.FileID
+	inStore bool // parent is the store directory and base the UUID
+}
+
+func (c *candidate) close() {
+	unix.Close(c.fd)
+	unix.Close(c.parent)
 }
 
 // registered returns the volume p already is: <root>/<uuid> of a volume.
@@ -148,22 +158,43 @@ func (s *Store) probeForAdoption(ctx context.Context, path, dir string) (*candid
 			return nil, fmt.Errorf("%s lies outside %s: %w", abs, dir, ErrInvalid)
 		}
 	}
-	if err := foreignStore(filepath.Dir(abs), filepath.Base(abs), s.root); err != nil {
-		return nil, err
+	// The directory is resolved once, following the links in the path the
+	// operator gave (/var may be one), to an fd; from then on the file is
+	// base in that fd: the checks, the rename and a put-back all name it
+	// there, so a directory swapped for a link afterwards redirects
+	// nothing.
+	parentPath, base := filepath.Dir(abs), filepath.Base(abs)
+	parent, err := unix.Open(parentPath, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", &os.PathError{Op: "open", Path: parentPath, Err: err}, ErrInvalid)
+	}
+	var pst unix.Stat_t
+	if err := unix.Fstat(parent, &pst); err != nil {
+		unix.Close(parent)
+		return nil, fmt.Errorf("stat %s: %w", parentPath, err)
+	}
+	ours := pst.Dev == s.dir.dev && pst.Ino == s.dir.ino
+	if !ours {
+		if err := foreignStore(parent, parentPath, base); err != nil {
+			unix.Close(parent)
+			return nil, err
+		}
 	}
 	// O_PATH|O_NOFOLLOW opens the name itself, whatever it is, with no
 	// side effect; what it is gets checked on that descriptor.
-	fd, err := unix.Open(abs, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := unix.Openat(parent, base, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
+		unix.Close(parent)
 		return nil, fmt.Errorf("%w: %w", &os.PathError{Op: "open", Path: abs, Err: err}, ErrInvalid)
 	}
-	c := &candidate{path: abs, fd: fd}
+	c := &candidate{path: abs, parent: parent, base: base, fd: fd}
 	v, err := s.checkCandidate(ctx, c)
 	if err != nil {
-		unix.Close(fd)
+		c.close()
 		return nil, err
 	}
 	c.v = v
+	c.inStore = ours && base == v.UUID
 	return c, nil
 }
 
@@ -232,25 +263,31 @@ func (s *Store) checkCandidate(ctx context.Context, c *candidate) (*Volume, erro
 	return v, nil
 }
 
-// foreignStore refuses a file that belongs to a sparsevol store other than
-// root: its directory holds the store's lock directory or the file's
-// metadata.
-func foreignStore(dir, base, root string) error {
-	if dir == root {
-		return nil
-	}
+// foreignStore refuses a file that belongs to another sparsevol store:
+// its directory parent (an fd of dirPath, not this store's) holds the
+// store's lock directory or the file's metadata.
+func foreignStore(parent int, dirPath, base string) error {
+	var st unix.Stat_t
 	for _, mark := range []string{lockDir, base + metaExt} {
-		if _, err := os.Lstat(filepath.Join(dir, mark)); err == nil {
+		if err := unix.Fstatat(parent, mark, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil {
 			return fmt.Errorf("%s belongs to the sparsevol store %s (it has %s); manage it there with --root %s: %w",
-				filepath.Join(dir, base), dir, mark, dir, ErrInvalid)
+				filepath.Join(dirPath, base), dirPath, mark, dirPath, ErrInvalid)
 		}
 	}
 	return nil
 }
 
-// moveIn renames a checked candidate to <root>/<uuid> (unless it is there
-// already) and proves the name now holds the inode that was checked; a file
-// swapped under the old name in between is put back and refused.
+// adoptRace, when a test sets it, runs between the adoption checks and
+// the rename: where a hostile owner of the file's directory would swap
+// the directory for a link. path is the file's path as given.
+var adoptRace func(path string)
+
+// moveIn renames a checked candidate from its directory's fd to
+// <root>/<uuid> (unless it is there already) and proves the name now holds
+// the inode that was checked, with one link, on the store's filesystem
+// (fstatat on the store directory's fd, not following a link). What is
+// not is put back through the same fds and refused: ErrInvalid if another
+// file arrived, ErrUnsafe if the file breaks the backing file rules.
 func (s *Store) moveIn(c *candidate) error {
 	uuid := c.v.UUID
 	dir, err := s.dirFD()
@@ -258,19 +295,23 @@ func (s *Store) moveIn(c *candidate) error {
 		return fmt.Errorf("adopt %s: %w", c.path, err)
 	}
 	defer unix.Close(dir)
-	if c.path != s.backingPath(uuid) {
-		err := unix.Renameat2(unix.AT_FDCWD, c.path, dir, uuid, unix.RENAME_NOREPLACE)
-		if err != nil {
+	if adoptRace != nil {
+		adoptRace(c.path)
+	}
+	if !c.inStore {
+		if err := unix.Renameat2(c.parent, c.base, dir, uuid, unix.RENAME_NOREPLACE); err != nil {
 			return fmt.Errorf("adopt %s: move to %s: %w", c.path, s.backingPath(uuid), err)
 		}
 	}
-	st, err := s.statBacking(uuid)
+	st, err := s.statIn(dir, uuid, "backing file", s.backingPath(uuid))
 	if err == nil && (loop.FileID{Dev: st.Dev, Inode: st.Ino}) != c.id {
 		err = fmt.Errorf("%s was replaced while it was adopted: %w", c.path, ErrInvalid)
 	}
 	if err != nil {
-		if c.path != s.backingPath(uuid) {
-			_ = unix.Renameat2(dir, uuid, unix.AT_FDCWD, c.path, unix.RENAME_NOREPLACE)
+		if !c.inStore {
+			if perr := unix.Renameat2(dir, uuid, c.parent, c.base, unix.RENAME_NOREPLACE); perr != nil {
+				err = fmt.Errorf("%w; putting it back failed, it is %s now: %w", err, s.backingPath(uuid), perr)
+			}
 		}
 		return fmt.Errorf("adopt %s: %w", c.path, err)
 	}

@@ -299,3 +299,111 @@ func TestUUIDNodeWide(t *testing.T) {
 		t.Errorf("the other store's link is now %q, %v; was %s", got, err, target)
 	}
 }
+
+// TestAdoptRenamesThroughParentFD: adopt names the file it checked as a
+// name in its directory's fd, never by its path again. Between the checks
+// and the rename, the hostile owner of the directory swaps it for a link
+// to a victim directory holding a file of the same name, or replaces the
+// file itself. The victim is never moved (its inode, content and ctime stay
+// as they were); the directory swap redirects nothing, so the inode that
+// was checked is what arrives in the store; a replaced file is put back
+// where it was and refused, and the store does not change.
+func TestAdoptRenamesThroughParentFD(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name string
+		// race runs in place of the attacker; d is the file's directory,
+		// victimDir holds the victim file passwd.
+		race    func(t *testing.T, d, victimDir string)
+		adopted bool // else refused with ErrInvalid or ErrUnsafe
+	}{
+		{"directory swapped for a link", func(t *testing.T, d, victimDir string) {
+			if err := os.Rename(d, d+".moved"); err != nil {
+				t.Error(err)
+			}
+			if err := os.Symlink(victimDir, d); err != nil {
+				t.Error(err)
+			}
+		}, true},
+		{"file replaced", func(t *testing.T, d, victimDir string) {
+			if err := os.Rename(filepath.Join(d, "passwd"), filepath.Join(d, "checked")); err != nil {
+				t.Error(err)
+			}
+			other := filepath.Join(d, "passwd")
+			if err := os.WriteFile(other, []byte("replacement"), 0o600); err != nil {
+				t.Error(err)
+			}
+		}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newStore(t, Options{})
+			home := t.TempDir()
+			d := filepath.Join(home, "d")
+			if err := os.Mkdir(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(d, "passwd")
+			uuid := NewUUID()
+			if err := os.WriteFile(path, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			os.Truncate(path, 16<<20)
+			run(t, "mkfs.ext4", "-q", "-U", uuid, path)
+			var checked unix.Stat_t
+			if err := unix.Stat(path, &checked); err != nil {
+				t.Fatal(err)
+			}
+			victimDir := t.TempDir()
+			victimFile := filepath.Join(victimDir, "passwd")
+			if err := os.WriteFile(victimFile, []byte("root:x:0:0::/root:/bin/sh\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			var victimBefore unix.Stat_t
+			if err := unix.Stat(victimFile, &victimBefore); err != nil {
+				t.Fatal(err)
+			}
+			before := listing(t, s.Root())
+
+			ran := false
+			adoptRace = func(string) { ran = true; tt.race(t, d, victimDir) }
+			t.Cleanup(func() { adoptRace = nil })
+			vols, err := s.Adopt(ctx, []string{path}, "")
+			adoptRace = nil
+			if !ran {
+				t.Fatal("adopt renamed nothing: the race was never run")
+			}
+
+			var victimAfter unix.Stat_t
+			if err := unix.Stat(victimFile, &victimAfter); err != nil {
+				t.Fatalf("victim %s is gone: %v", victimFile, err)
+			}
+			if victimAfter.Ino != victimBefore.Ino || victimAfter.Ctim != victimBefore.Ctim {
+				t.Errorf("victim %s was moved (inode %d -> %d, ctime %v -> %v)", victimFile,
+					victimBefore.Ino, victimAfter.Ino, victimBefore.Ctim, victimAfter.Ctim)
+			}
+			if b, _ := os.ReadFile(victimFile); string(b) != "root:x:0:0::/root:/bin/sh\n" {
+				t.Errorf("victim %s changed: %q", victimFile, b)
+			}
+			if !tt.adopted {
+				if !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrUnsafe) {
+					t.Fatalf("Adopt = %v, %v, want ErrInvalid or ErrUnsafe", vols, err)
+				}
+				if after := listing(t, s.Root()); after != before {
+					t.Errorf("refused adopt changed the store:\n%s", after)
+				}
+				if b, err := os.ReadFile(path); err != nil || string(b) != "replacement" {
+					t.Errorf("the replacement was not put back at %s: %q, %v", path, b, err)
+				}
+				return
+			}
+			if err != nil || len(vols) != 1 || vols[0].UUID != uuid {
+				t.Fatalf("Adopt = %v, %v, want the checked file adopted as %s", vols, err, uuid)
+			}
+			var got unix.Stat_t
+			if err := unix.Lstat(filepath.Join(s.Root(), uuid), &got); err != nil || got.Ino != checked.Ino || got.Dev != checked.Dev {
+				t.Errorf("%s/%s is inode %d (%v), want the checked %d", s.Root(), uuid, got.Ino, err, checked.Ino)
+			}
+		})
+	}
+}
