@@ -29,7 +29,10 @@ import (
 // The files are an operator's pointing, so they are checked as hostile: a
 // symlink, a file with more than one link, a file some loop device is
 // bound to, or a file in another store's directory is refused with
-// ErrInvalid. All candidates are checked before any is registered: one bad
+// ErrInvalid. A UUID the node has already (a volume or snapshot of the
+// store, another store's link, a filesystem or partition of the node:
+// uuidFree), or that two files of one call share, is refused with
+// ErrExists. All candidates are checked before any is registered: one bad
 // file rejects the whole call and nothing changes. Files already
 // registered are returned as they are (adopt is idempotent).
 func (s *Store) Adopt(ctx context.Context, paths []string, dir string) ([]*Volume, error) {
@@ -88,11 +91,11 @@ func (s *Store) Adopt(ctx context.Context, paths []string, dir string) ([]*Volum
 		}
 		fresh = append(fresh, c)
 		v := c.v
-		if byUUID[v.UUID] != nil {
-			return nil, fmt.Errorf("adopt %s: uuid %s is already a volume of this store: %w", p, v.UUID, ErrExists)
-		}
-		if err := LinkedElsewhere(v.UUID); err != nil {
+		if err := s.uuidFree(v.UUID); err != nil {
 			return nil, fmt.Errorf("adopt %s: %w", p, err)
+		}
+		if byUUID[v.UUID] != nil {
+			return nil, fmt.Errorf("adopt %s: uuid %s is also another file's of this adoption: %w", p, v.UUID, ErrExists)
 		}
 		if names[v.Name] {
 			v.Name = adoptedName(v.UUID)

@@ -407,3 +407,81 @@ func TestAdoptRenamesThroughParentFD(t *testing.T) {
 		})
 	}
 }
+
+// TestAdoptRefusesUUIDOfNode: adopt keeps the UUID it finds, so it follows
+// import --keep-uuid's rule (uuidFree): a UUID that a filesystem or a
+// partition of the node has (its /dev/disk link, here in a directory of
+// the test's own) or a snapshot of the store has is refused with
+// ErrExists, and neither the file nor the store changes. Adopted, such a
+// volume's stable path would name the node's disk.
+func TestAdoptRefusesUUIDOfNode(t *testing.T) {
+	ctx := context.Background()
+	image := func(t *testing.T, gpt bool, uuid string) string {
+		t.Helper()
+		path := filepath.Join(t.TempDir(), "image")
+		if err := os.WriteFile(path, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		os.Truncate(path, 16<<20)
+		if gpt {
+			run(t, "sgdisk", "--largest-new=1", "--partition-guid=1:"+uuid, path)
+		} else {
+			run(t, "mkfs.ext4", "-q", "-U", uuid, path)
+		}
+		return path
+	}
+	diskLink := func(t *testing.T, kind, uuid string) {
+		t.Helper()
+		dir := filepath.Join(diskDir, kind)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink("../../sda1", filepath.Join(dir, uuid)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tests := []struct {
+		name string
+		// take makes the UUID the node's; it returns the file to adopt.
+		take func(t *testing.T, s *Store) string
+	}{
+		{"filesystem of the node", func(t *testing.T, s *Store) string {
+			u := NewUUID()
+			diskLink(t, "by-uuid", u)
+			return image(t, false, u)
+		}},
+		{"partition of the node", func(t *testing.T, s *Store) string {
+			u := NewUUID()
+			diskLink(t, "by-partuuid", u)
+			return image(t, true, u)
+		}},
+		{"snapshot of the store", func(t *testing.T, s *Store) string {
+			v := mustCreate(t, s, CreateRequest{Name: "v", SizeBytes: 16 << 20})
+			sn, err := s.CreateSnapshot(ctx, v.Name, "sn", SnapshotOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return image(t, false, sn.UUID)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			old := diskDir
+			diskDir = t.TempDir()
+			t.Cleanup(func() { diskDir = old })
+			s := newStore(t, Options{})
+			path := tt.take(t, s)
+			sum := sha256sum(t, path)
+			before := listing(t, s.Root())
+			if vols, err := s.Adopt(ctx, []string{path}, ""); !errors.Is(err, ErrExists) {
+				t.Fatalf("Adopt(%s) = %v, %v, want ErrExists", path, vols, err)
+			}
+			if after := listing(t, s.Root()); after != before {
+				t.Errorf("refused adopt changed the store:\n%s", after)
+			}
+			if sha256sum(t, path) != sum {
+				t.Errorf("%s moved or changed", path)
+			}
+		})
+	}
+}

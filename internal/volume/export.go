@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 
 	"golang.org/x/sys/unix"
 )
@@ -227,8 +228,14 @@ func (s *Store) Import(ctx context.Context, r io.Reader, req ImportRequest) (*Vo
 	return s.Create(ctx, creq)
 }
 
-// uuidFree refuses a UUID that a volume or snapshot of the store, another
-// store's link or a filesystem or partition of this node has.
+// diskDir is where udev links the node's filesystems and partitions by
+// UUID (by-uuid, by-partuuid); tests point it at a directory of their own.
+var diskDir = "/dev/disk"
+
+// uuidFree refuses, with ErrExists, a UUID that a volume or snapshot of
+// the store, another store's link or a filesystem or partition of this
+// node has. Import --keep-uuid and adopt both keep a UUID they did not
+// choose, and this is their one rule.
 func (s *Store) uuidFree(uuid string) error {
 	if v, err := s.Get(uuid); err == nil {
 		return fmt.Errorf("uuid %s is taken by volume %s: %w", uuid, v.Name, ErrExists)
@@ -236,9 +243,10 @@ func (s *Store) uuidFree(uuid string) error {
 	if sn, err := s.findSnapshot(uuid); err == nil {
 		return fmt.Errorf("uuid %s is taken by snapshot %s: %w", uuid, sn.Name, ErrExists)
 	}
-	for _, dir := range []string{"/dev/disk/by-uuid/", "/dev/disk/by-partuuid/"} {
-		if _, err := os.Lstat(dir + uuid); err == nil {
-			return fmt.Errorf("uuid %s is on this node already (%s%s): %w", uuid, dir, uuid, ErrExists)
+	for _, dir := range []string{"by-uuid", "by-partuuid"} {
+		link := filepath.Join(diskDir, dir, uuid)
+		if _, err := os.Lstat(link); err == nil {
+			return fmt.Errorf("uuid %s is on this node already (%s): %w", uuid, link, ErrExists)
 		}
 	}
 	return LinkedElsewhere(uuid)
