@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -97,4 +98,18 @@ func FilesystemDir(t testing.TB, fsType string, size int64) string {
 		t.Fatal(err)
 	}
 	return mnt
+}
+
+// IsMountPoint reports whether something is mounted at dir: dir lies on
+// another device than its parent (lstat, links not followed).
+func IsMountPoint(t testing.TB, dir string) bool {
+	t.Helper()
+	var st, parent syscall.Stat_t
+	if err := syscall.Lstat(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Lstat(filepath.Dir(dir), &parent); err != nil {
+		t.Fatal(err)
+	}
+	return st.Dev != parent.Dev
 }

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"os"
-	"path/filepath"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/sparsevol/sparsevol/internal/loop"
+	"github.com/sparsevol/sparsevol/internal/testutil"
 )
 
 // TestExpandFailureBeforeAnyChange: when the backing file cannot grow (here:
@@ -240,7 +240,7 @@ func TestTempMountSwapped(t *testing.T) {
 		t.Fatal("the expansion mounted nothing: the race was never run")
 	}
 	for _, dir := range []string{victim, moved} {
-		if isMountPoint(t, dir) {
+		if testutil.IsMountPoint(t, dir) {
 			unix.Unmount(dir, unix.MNT_DETACH)
 			t.Errorf("%s was mounted on", dir)
 		}
@@ -254,17 +254,4 @@ func TestTempMountSwapped(t *testing.T) {
 	if v, err := s.Expand(ctx, "x", 320<<20, ExpandOptions{}); err != nil || v.SizeBytes != 320<<20 {
 		t.Errorf("the expansion once the link is gone: %+v, %v", v, err)
 	}
-}
-
-// isMountPoint reports whether something is mounted at dir.
-func isMountPoint(t *testing.T, dir string) bool {
-	t.Helper()
-	var st, parent unix.Stat_t
-	if err := unix.Lstat(dir, &st); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Lstat(filepath.Dir(dir), &parent); err != nil {
-		t.Fatal(err)
-	}
-	return st.Dev != parent.Dev
 }

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/testutil"
 )
 
 // The store's lock directory holds more than locks: a volume's lock file
@@ -137,25 +139,12 @@ func TestHostileTempMountDir(t *testing.T) {
 		t.Errorf("the refusal says nothing of what to inspect: %v", r)
 	}
 	c.expectCode(c.sv(s, "detach", "v"), 0)
-	if !mounted(t, victim) {
+	if !testutil.IsMountPoint(t, victim) {
 		t.Fatalf("the mount at %s, behind .locks/mnt-%s, is gone", victim, u)
 	}
 	if now := digest(victim); now != before {
 		t.Errorf("%s changed:\nbefore: %s\nafter:  %s", victim, before, now)
 	}
-}
-
-// mounted reports whether something is mounted at dir.
-func mounted(t *testing.T, dir string) bool {
-	t.Helper()
-	var st, parent unix.Stat_t
-	if err := unix.Lstat(dir, &st); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Lstat(filepath.Dir(dir), &parent); err != nil {
-		t.Fatal(err)
-	}
-	return st.Dev != parent.Dev
 }
 
 // mustReplace removes the file at path and makes another there with make.
