@@ -167,7 +167,20 @@ func describeMount(m *mountinfo.Info) string {
 // Each unmount is umount(2) itself, what umount(8) would call, without a
 // process; EINVAL (nothing mounted there any more) is no error, as
 // umount(8)'s "not mounted" is none to mount-utils.
+//
+// The unmount names path's last component in its directory as the
+// no-follow walk opened it (openNodeParent): a directory swapped for a
+// link since cannot lead it to another mount. Where that directory is
+// gone, nothing of the volume can be mounted there.
 func (d *Driver) unmountOwned(path string, uses usesOf) (unmounted int, foreign *mountinfo.Info, err error) {
+	parent, base, err := openNodeParent(path)
+	if errors.Is(err, unix.ENOENT) {
+		return 0, nil, nil
+	}
+	if err != nil {
+		return 0, nil, err
+	}
+	defer unix.Close(parent)
 	for range 8 {
 		top, ok, err := topMount(path)
 		if err != nil || !ok {
@@ -176,7 +189,10 @@ func (d *Driver) unmountOwned(path string, uses usesOf) (unmounted int, foreign 
 		if !uses.owns(top) {
 			return unmounted, top, nil
 		}
-		if err := unix.Unmount(path, unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) {
+		if nodePathRace != nil {
+			nodePathRace(path)
+		}
+		if err := unix.Unmount(procFD(parent)+"/"+base, unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) {
 			return unmounted, nil, fmt.Errorf("unmount %s: %w", path, err)
 		}
 		unmounted++

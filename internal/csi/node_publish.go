@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"slices"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -160,22 +158,33 @@ func publishAt(v *volume.Volume, dev, staging, target string, readOnly bool) err
 }
 
 // removeTarget removes what a volume was bound onto at target, as publish
-// made it: an empty directory or an empty file. Anything else stays.
+// made it: an empty directory or an empty file. Anything else stays. The
+// name is looked at and removed in its directory as the no-follow walk
+// opened it (openNodeParent).
 func removeTarget(target string) error {
-	fi, err := os.Lstat(target)
+	parent, base, err := openNodeParent(target)
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("remove target path: %w", err)
+	}
+	defer unix.Close(parent)
+	var st unix.Stat_t
+	err = unix.Fstatat(parent, base, &st, unix.AT_SYMLINK_NOFOLLOW)
 	switch {
-	case errors.Is(err, fs.ErrNotExist):
+	case errors.Is(err, unix.ENOENT):
 		return nil
 	case err != nil:
-		return fmt.Errorf("remove target path: %w", err)
-	case fi.IsDir():
-		err = unix.Rmdir(target) // only if empty
-	case fi.Mode().IsRegular() && fi.Size() == 0:
-		err = unix.Unlink(target)
+		return fmt.Errorf("remove target path %s: %w", target, err)
+	case st.Mode&unix.S_IFMT == unix.S_IFDIR:
+		err = unix.Unlinkat(parent, base, unix.AT_REMOVEDIR) // only if empty
+	case st.Mode&unix.S_IFMT == unix.S_IFREG && st.Size == 0:
+		err = unix.Unlinkat(parent, base, 0)
 	default:
 		return nil
 	}
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err != nil && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("remove target path %s: %w", target, err)
 	}
 	return nil

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/sparsevol/sparsevol/internal/testutil"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
@@ -283,4 +284,70 @@ func TestNodePathSwapped(t *testing.T) {
 			e.teardown(t, p)
 		})
 	}
+}
+
+// TestNodeTeardownSwapped: a directory of a target path swapped for a
+// link to another directory between unpublish's look at the mount table
+// and its unmount never leads the unmount, or the target's removal,
+// through the link: someone else's mount where the link points stays
+// mounted, and the unmount takes the volume's own bind away from the
+// directory it found.
+func TestNodeTeardownSwapped(t *testing.T) {
+	e := newTestEnv(t)
+	ctx := context.Background()
+	t.Cleanup(func() { nodePathRace = nil })
+	c := rwCap(volume.ModeFilesystem, "ext4")
+	vol := e.createVolume(t, "swap-teardown", 32<<20, c, nil)
+	id := vol.GetVolumeId()
+	p := published{id: id, c: c, staging: filepath.Join(e.kubelet, "staging", id),
+		target: filepath.Join(e.kubelet, "pods", id, "mount", "target")}
+	if err := os.MkdirAll(p.staging, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: p.staging, VolumeCapability: c}); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(t, p)
+	victim := t.TempDir()
+	foreign := filepath.Join(victim, "target")
+	if err := os.Mkdir(foreign, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("someone-else", foreign, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(foreign, unix.MNT_DETACH) })
+	swapped := filepath.Dir(p.target)
+	moved := swapped + ".moved"
+	nodePathRace = func(path string) {
+		if path != p.target {
+			return
+		}
+		nodePathRace = nil
+		if err := os.Rename(swapped, moved); err != nil {
+			t.Error(err)
+		}
+		if err := os.Symlink(victim, swapped); err != nil {
+			t.Error(err)
+		}
+	}
+	_, err := e.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: p.target})
+	if nodePathRace != nil {
+		nodePathRace = nil
+		t.Fatalf("unpublish unmounted nothing: the race was never run (%v)", err)
+	}
+	t.Logf("unpublish with the target's directory swapped: %v", err)
+	if !testutil.IsMountPoint(t, foreign) {
+		t.Errorf("someone else's mount at %s was unmounted through the link", foreign)
+	}
+	if testutil.IsMountPoint(t, filepath.Join(moved, "target")) {
+		t.Errorf("the volume's bind at %s (moved) is still mounted", filepath.Join(moved, "target"))
+	}
+	if err := os.Remove(swapped); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(moved, swapped); err != nil {
+		t.Fatal(err)
+	}
+	e.teardown(t, p)
 }

@@ -3,6 +3,7 @@ package csi
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -69,9 +70,21 @@ func openNodePath(p string, end pathEnd) (int, error) {
 	return dir, nil
 }
 
+// openNodeParent opens the directory of the node path p as openNodePath
+// does (nothing made, no link followed) and returns it with p's last
+// component, which the caller names in it. The caller closes the fd.
+func openNodeParent(p string) (parent int, base string, err error) {
+	parent, err = openNodePath(filepath.Dir(p), existing)
+	if err != nil {
+		return -1, "", err
+	}
+	return parent, filepath.Base(p), nil
+}
+
 // nodePathRace, when a test sets it, runs once a node path was walked,
-// before anything is done on its fd: where whoever can write below the
-// kubelet directory (a pod, in its emptyDir) would swap a component.
+// before anything is done on its fd, and before each unmount: where
+// whoever can write below the kubelet directory (a pod, in its emptyDir)
+// would swap a component.
 var nodePathRace func(path string)
 
 // openDirAt opens the directory name in dir, making it first if mk.
