@@ -218,19 +218,7 @@ func TestNodePathSwapped(t *testing.T) {
 					}
 				}
 			}
-			moved := swapped + ".moved"
-			race := func(path string) {
-				if !strings.HasPrefix(path, swapped+"/") {
-					return
-				}
-				nodePathRace = nil
-				if err := os.Rename(swapped, moved); err != nil {
-					t.Error(err)
-				}
-				if err := os.Symlink(victim, swapped); err != nil {
-					t.Error(err)
-				}
-			}
+			sw := swap{dir: swapped, victim: victim}
 			stage := func() error {
 				_, err := e.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: p.staging, VolumeCapability: c})
 				return err
@@ -245,14 +233,13 @@ func TestNodePathSwapped(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			nodePathRace = race
+			sw.race(t, func(path string) bool { return strings.HasPrefix(path, swapped+"/") })
 			call := publish
 			if tt.stage {
 				call = stage
 			}
 			err := call()
-			if nodePathRace != nil {
-				nodePathRace = nil
+			if !sw.ran() {
 				t.Fatalf("%s walked no path below %s: the race was never run (%v)", tt.name, swapped, err)
 			}
 			if err != nil {
@@ -268,16 +255,10 @@ func TestNodePathSwapped(t *testing.T) {
 			if tt.stage {
 				last = filepath.Base(p.staging)
 			}
-			if mountCount(t, filepath.Join(moved, last)) != 1 {
-				t.Errorf("the volume is not mounted on the directory the walk found, now %s", filepath.Join(moved, last))
+			if mountCount(t, filepath.Join(sw.moved(), last)) != 1 {
+				t.Errorf("the volume is not mounted on the directory the walk found, now %s", filepath.Join(sw.moved(), last))
 			}
-			// The mounts move with their directory.
-			if err := os.Remove(swapped); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Rename(moved, swapped); err != nil {
-				t.Fatal(err)
-			}
+			sw.restore(t) // the mounts move with their directory
 			if tt.stage {
 				e.publish(t, p)
 			}
@@ -317,37 +298,59 @@ func TestNodeTeardownSwapped(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Unmount(foreign, unix.MNT_DETACH) })
-	swapped := filepath.Dir(p.target)
-	moved := swapped + ".moved"
-	nodePathRace = func(path string) {
-		if path != p.target {
-			return
-		}
-		nodePathRace = nil
-		if err := os.Rename(swapped, moved); err != nil {
-			t.Error(err)
-		}
-		if err := os.Symlink(victim, swapped); err != nil {
-			t.Error(err)
-		}
-	}
+	sw := swap{dir: filepath.Dir(p.target), victim: victim}
+	sw.race(t, func(path string) bool { return path == p.target })
 	_, err := e.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: p.target})
-	if nodePathRace != nil {
-		nodePathRace = nil
+	if !sw.ran() {
 		t.Fatalf("unpublish unmounted nothing: the race was never run (%v)", err)
 	}
 	t.Logf("unpublish with the target's directory swapped: %v", err)
 	if !testutil.IsMountPoint(t, foreign) {
 		t.Errorf("someone else's mount at %s was unmounted through the link", foreign)
 	}
-	if testutil.IsMountPoint(t, filepath.Join(moved, "target")) {
-		t.Errorf("the volume's bind at %s (moved) is still mounted", filepath.Join(moved, "target"))
+	if testutil.IsMountPoint(t, filepath.Join(sw.moved(), "target")) {
+		t.Errorf("the volume's bind at %s (moved) is still mounted", filepath.Join(sw.moved(), "target"))
 	}
-	if err := os.Remove(swapped); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(moved, swapped); err != nil {
-		t.Fatal(err)
-	}
+	sw.restore(t)
 	e.teardown(t, p)
+}
+
+// swap replaces the directory dir with a link to victim, once, from
+// nodePathRace: what a pod racing a node call would do.
+type swap struct{ dir, victim string }
+
+func (s swap) moved() string { return s.dir + ".moved" }
+
+// race arms nodePathRace to swap at the first path match accepts.
+func (s swap) race(t *testing.T, match func(path string) bool) {
+	nodePathRace = func(path string) {
+		if !match(path) {
+			return
+		}
+		nodePathRace = nil
+		if err := os.Rename(s.dir, s.moved()); err != nil {
+			t.Error(err)
+		}
+		if err := os.Symlink(s.victim, s.dir); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// ran reports whether the swap happened, and disarms it either way.
+func (s swap) ran() bool {
+	ran := nodePathRace == nil
+	nodePathRace = nil
+	return ran
+}
+
+// restore puts the directory back in place of the link.
+func (s swap) restore(t *testing.T) {
+	t.Helper()
+	if err := os.Remove(s.dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(s.moved(), s.dir); err != nil {
+		t.Fatal(err)
+	}
 }
