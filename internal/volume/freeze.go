@@ -82,19 +82,22 @@ func freeze(mountpoint string, devnum uint64, timeout time.Duration) (*frozen, e
 	select {
 	case err = <-done:
 	case <-time.After(timeout):
-		// Still frozen when it returns: the guard thaws once we are gone,
-		// and a late success is thawed here.
+		// Still freezing when it returns: the guard thaws once we are gone,
+		// and a late success is thawed here. A late failure froze nothing
+		// of ours, so the guard is dismissed without a thaw.
 		go func() {
 			if <-done == nil {
 				f.thaw()
 			} else {
-				f.release(false)
+				f.release(true)
 			}
 		}()
 		return nil, fmt.Errorf("freeze %s: FIFREEZE did not return within %s: %w", mountpoint, timeout, ErrBusy)
 	}
 	if err != nil {
-		f.release(false)
+		// Nothing was frozen by us (EBUSY: someone else holds a freeze,
+		// which is theirs to thaw): the guard must not thaw it.
+		f.release(true)
 		return nil, fmt.Errorf("freeze %s: %w", mountpoint, err)
 	}
 	f.since = time.Now()
@@ -152,10 +155,12 @@ func (f *frozen) thaw() error {
 	return f.err
 }
 
-// release dismisses the guard (telling it the thaw is done only if it
-// is) and closes the mount point.
-func (f *frozen) release(thawed bool) {
-	if thawed {
+// release dismisses the guard and closes the mount point. noThaw tells
+// the guard that nothing is left for it to thaw: the thaw is done, or
+// FIFREEZE failed and froze nothing of ours. Without it the guard runs
+// fsfreeze --unfreeze (a FITHAW that failed, tried once more).
+func (f *frozen) release(noThaw bool) {
+	if noThaw {
 		f.guardW.WriteString("done\n")
 	}
 	f.guardW.Close()

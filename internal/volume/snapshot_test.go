@@ -509,6 +509,41 @@ func TestSnapshotFreezeBounded(t *testing.T) {
 	}
 }
 
+// TestFreezeLeavesOthersFreeze: a filesystem someone else froze (a
+// backup hook, an operator's fsfreeze) makes freeze fail with EBUSY, and
+// that freeze is left in place: the guard is dismissed without a thaw,
+// not told to thaw what is theirs.
+func TestFreezeLeavesOthersFreeze(t *testing.T) {
+	dir := testutil.FilesystemDir(t, "ext4", 64<<20)
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.IoctlSetInt(fd, ioctlFIFREEZE, 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.IoctlSetInt(fd, ioctlFITHAW, 0) }) // before the close
+	if f, err := freeze(dir, st.Dev, 5*time.Second); !errors.Is(err, unix.EBUSY) {
+		if f != nil {
+			f.thaw()
+		}
+		t.Fatalf("freeze of a frozen filesystem = %v, want EBUSY", err)
+	}
+	// The guard has exited (release waits for it): had it thawed, the
+	// freeze below would succeed.
+	if err := unix.IoctlSetInt(fd, ioctlFIFREEZE, 0); !errors.Is(err, unix.EBUSY) {
+		t.Fatalf("the other freeze is gone: FIFREEZE = %v, want EBUSY", err)
+	}
+	if err := unix.IoctlSetInt(fd, ioctlFITHAW, 0); err != nil {
+		t.Fatalf("thaw the other freeze: %v", err)
+	}
+}
+
 // unmountEventually unmounts dir, retrying while it is busy (for up to
 // five seconds), and fails the test if it stays mounted.
 func unmountEventually(t *testing.T, dir string) {
