@@ -277,6 +277,14 @@ func (s *Store) CreateSnapshot(ctx context.Context, volumeRef, name string, opts
 	return out, nil
 }
 
+// groupPhrase names group g in a message.
+func groupPhrase(g string) string {
+	if g == "" {
+		return "of no group"
+	}
+	return fmt.Sprintf("of group %q", g)
+}
+
 // CreateSnapshotGroup snapshots the volumes refs at one point in time:
 // every mounted member is frozen, all are copied, all are thawed. The
 // member snapshots are named <name>-<volume name> and carry the group's
@@ -456,8 +464,11 @@ func stateOf(v *Volume) State {
 
 // reserveSnapshot records snapshot name of v in state creating, under the
 // store lock (after v's, as expand takes them), after checking the name
-// and the space the copy may take. A snapshot of that name and source that exists is returned as it
-// is (ready, or creating: made anew by the caller).
+// and the space the copy may take. A snapshot of that name, source and
+// group (opts.group, "" for none) that exists is returned as it is
+// (ready, or creating: made anew by the caller); one of another source or
+// group is ErrExists: a plain snapshot is never taken for a group's
+// member, nor a member for a plain snapshot.
 func (s *Store) reserveSnapshot(v *Volume, name string, opts SnapshotOptions) (*Snapshot, error) {
 	unlock, err := s.lock(storeLock)
 	if err != nil {
@@ -474,6 +485,9 @@ func (s *Store) reserveSnapshot(v *Volume, name string, opts SnapshotOptions) (*
 		}
 		if sn.SourceUUID != v.UUID {
 			return nil, fmt.Errorf("snapshot name %q is taken by a snapshot of volume %s: %w", name, sn.SourceName, ErrExists)
+		}
+		if sn.Group != opts.group {
+			return nil, fmt.Errorf("snapshot name %q is taken by a snapshot %s: %w", name, groupPhrase(sn.Group), ErrExists)
 		}
 		if sn.State == StateReady || sn.State == StateCreating {
 			return sn, nil

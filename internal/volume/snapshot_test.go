@@ -10,6 +10,7 @@ import (
 	"os"
 	osexec "os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -408,6 +409,50 @@ func TestSnapshotGroup(t *testing.T) {
 	for _, name := range refs {
 		unmountAll(t, s, name)
 		if err := s.Delete(ctx, name, DetachOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestSnapshotNameKeepsItsGroup: a snapshot name is reused only by a call
+// of the same kind. A plain snapshot named as a group's member would be
+// taken into the group without having been frozen with the others, and a
+// group's member returned to a plain CreateSnapshot could be deleted
+// from under its group: both are ErrExists, and the failed group leaves
+// no member behind.
+func TestSnapshotNameKeepsItsGroup(t *testing.T) {
+	s := newStore(t, Options{})
+	ctx := context.Background()
+	rawVolume(t, s, "a")
+	rawVolume(t, s, "b")
+	plain, err := s.CreateSnapshot(ctx, "b", "grp-b", SnapshotOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sns, err := s.CreateSnapshotGroup(ctx, []string{"a", "b"}, "grp", SnapshotOptions{}); !errors.Is(err, ErrExists) {
+		t.Fatalf("a group whose member's name a plain snapshot has = %+v, %v; want ErrExists", sns, err)
+	}
+	members, err := s.CreateSnapshotGroup(ctx, []string{"a", "b"}, "g2", SnapshotOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sn, err := s.CreateSnapshot(ctx, "b", "g2-b", SnapshotOptions{}); !errors.Is(err, ErrExists) {
+		t.Fatalf("a plain snapshot named as a group's member = %+v, %v; want ErrExists", sn, err)
+	}
+	sns, err := s.ListSnapshots(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, sn := range sns {
+		got = append(got, sn.Name+"/"+sn.Group)
+	}
+	slices.Sort(got)
+	if want := []string{"g2-a/g2", "g2-b/g2", "grp-b/"}; !slices.Equal(got, want) {
+		t.Fatalf("snapshots %q, want %q", got, want)
+	}
+	for _, sn := range append(members, plain) {
+		if err := s.DeleteSnapshot(ctx, sn.UUID); err != nil {
 			t.Fatal(err)
 		}
 	}
