@@ -246,8 +246,15 @@ func (s *Store) finishCopy(ctx context.Context, v *Volume, dev *loop.Device, src
 	if err != nil {
 		return fmt.Errorf("copy %s: %w", v.Name, err)
 	}
-	if !src.keepIdentity {
+	switch {
+	case !src.keepIdentity:
 		err = s.newIdentity(ctx, v, dev.Path)
+	case v.Mode == ModeFilesystem || v.Partitioned:
+		// The copy keeps its identity: it must be the one v's UUID (the
+		// header's, which uuidFree found unused here) names. A stream's
+		// content is not its header's: a partition GUID of another
+		// volume or of the host would share its by-partuuid link.
+		err = s.checkIdentity(ctx, v, dev.Path)
 	}
 	held.Close()
 	if err != nil {

@@ -55,25 +55,26 @@ func (s *Store) fsckCopy(ctx context.Context, path string) error {
 	return nil
 }
 
-// checkIdentity proves the copy at path (a device or file) now carries
-// v's identity; xfs_admin (xfs_db), for one, exits 0 when it refused.
+// checkIdentity proves the copy at path (a device or file) carries v's
+// identity: after newIdentity (xfs_admin, for one, exits 0 when it
+// refused), and where an import keeps the stream's UUID.
 func (s *Store) checkIdentity(ctx context.Context, v *Volume, path string) error {
 	if v.Mode == ModeFilesystem {
 		found, err := s.probe(ctx, path)
 		if err != nil {
-			return fmt.Errorf("new identity for %s: %w", v.Name, err)
+			return fmt.Errorf("identity of %s: %w", v.Name, err)
 		}
 		if found.Type != v.FSType || found.UUID != v.UUID {
-			return fmt.Errorf("new identity for %s: the copy holds %s, want %s with UUID %s: %w", v.Name, found, v.FSType, v.UUID, ErrMismatch)
+			return fmt.Errorf("identity of %s: the copy holds %s, want %s with UUID %s: %w", v.Name, found, v.FSType, v.UUID, ErrMismatch)
 		}
 		return nil
 	}
 	table, err := s.readPartitionTable(ctx, path)
 	if err != nil {
-		return fmt.Errorf("new identity for %s: %w", v.Name, err)
+		return fmt.Errorf("identity of %s: %w", v.Name, err)
 	}
 	if len(table.Partitions) != 1 || !strings.EqualFold(table.Partitions[0].UUID, v.UUID) {
-		return fmt.Errorf("new identity for %s: the copy's partition table is not one partition with GUID %s: %w", v.Name, v.UUID, ErrMismatch)
+		return fmt.Errorf("identity of %s: the copy's partition table is not one partition with GUID %s: %w", v.Name, v.UUID, ErrMismatch)
 	}
 	return nil
 }

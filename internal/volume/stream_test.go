@@ -2,6 +2,7 @@ package volume
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"testing"
 )
@@ -90,5 +91,50 @@ func TestAllZero(t *testing.T) {
 			}
 			b[i] = 0
 		}
+	}
+}
+
+// TestImportKeepUUIDChecksContent: import --keep-uuid keeps what the
+// stream holds only where it carries the UUID its header names (which
+// uuidFree found unused). A partitioned stream whose header was given a
+// fresh UUID but whose partition still has an existing volume's GUID
+// would share that volume's /dev/disk/by-partuuid link: it is refused,
+// and nothing is left.
+func TestImportKeepUUIDChecksContent(t *testing.T) {
+	s := newStore(t, Options{})
+	ctx := context.Background()
+	p := mustCreate(t, s, CreateRequest{Name: "p", SizeBytes: 8 << 20, Mode: ModeBlock})
+	if !p.Partitioned {
+		t.Fatalf("volume %+v is not partitioned", p)
+	}
+	var exported bytes.Buffer
+	if _, err := s.Export(ctx, "p", &exported, StreamOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The same content under another header UUID, checksummed anew.
+	var forged bytes.Buffer
+	var sw *streamWriter
+	_, err := readStream(&exported, func(h *StreamHeader) error {
+		h.UUID = NewUUID()
+		var err error
+		sw, err = newStreamWriter(&forged, h)
+		return err
+	}, func(off int64, data []byte) error { return sw.extent(off, data) })
+	if err == nil {
+		err = sw.close()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := s.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.Import(ctx, &forged, ImportRequest{Name: "q", KeepUUID: true})
+	if !errors.Is(err, ErrMismatch) {
+		t.Fatalf("import keeping a header UUID its partition does not carry = %+v, %v; want ErrMismatch", v, err)
+	}
+	if after, err := s.List(); err != nil || len(after) != len(before) {
+		t.Fatalf("volumes after the refused import: %d (%v), want %d", len(after), err, len(before))
 	}
 }
