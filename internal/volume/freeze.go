@@ -58,19 +58,9 @@ type frozen struct {
 // error if FIFREEZE does not return within timeout, and thaws by itself
 // when the freeze has lasted timeout. The caller calls thaw.
 func freeze(mountpoint string, devnum uint64, timeout time.Duration) (*frozen, error) {
-	fd, err := unix.Open(mountpoint, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := openMountOf(mountpoint, devnum)
 	if err != nil {
 		return nil, fmt.Errorf("freeze %s: %w", mountpoint, err)
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("freeze %s: %w", mountpoint, err)
-	}
-	if st.Dev != devnum {
-		unix.Close(fd)
-		return nil, fmt.Errorf("freeze %s: it is not the volume's filesystem any more (device %d:%d, want %d:%d): %w",
-			mountpoint, unix.Major(st.Dev), unix.Minor(st.Dev), unix.Major(devnum), unix.Minor(devnum), ErrUnsafe)
 	}
 	f := &frozen{path: mountpoint, fd: fd}
 	if err := f.startGuard(); err != nil {
@@ -108,6 +98,29 @@ func freeze(mountpoint string, devnum uint64, timeout time.Duration) (*frozen, e
 		f.thaw()
 	})
 	return f, nil
+}
+
+// openMountOf opens the directory mountpoint (a mount point the mount
+// table gave for the volume) without following a link, and proves it is
+// the filesystem of the block device devnum: its st_dev. What is there
+// otherwise (swapped since the table was read) is ErrUnsafe. The caller
+// closes the fd.
+func openMountOf(mountpoint string, devnum uint64) (int, error) {
+	fd, err := unix.Open(mountpoint, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	if st.Dev != devnum {
+		unix.Close(fd)
+		return -1, fmt.Errorf("it is not the volume's filesystem any more (device %d:%d, want %d:%d): %w",
+			unix.Major(st.Dev), unix.Minor(st.Dev), unix.Major(devnum), unix.Minor(devnum), ErrUnsafe)
+	}
+	return fd, nil
 }
 
 // startGuard starts the thaw-on-exit guard (see above).

@@ -589,6 +589,42 @@ func TestFreezeLeavesOthersFreeze(t *testing.T) {
 	}
 }
 
+// TestOpenMountOf: what freeze and fstrim act on is the mount point the
+// mount table gave only while it is the volume's filesystem: a link there
+// is not followed, a FIFO not opened, and a directory of another
+// filesystem is ErrUnsafe.
+func TestOpenMountOf(t *testing.T) {
+	mnt := testutil.FilesystemDir(t, "ext4", 64<<20)
+	var st unix.Stat_t
+	if err := unix.Stat(mnt, &st); err != nil {
+		t.Fatal(err)
+	}
+	other := t.TempDir()
+	link := filepath.Join(other, "link")
+	fifo := filepath.Join(other, "fifo")
+	if err := os.Symlink(mnt, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		path string
+		ok   bool
+	}{{mnt, true}, {link, false}, {fifo, false}, {other, false}} {
+		fd, err := openMountOf(tt.path, st.Dev)
+		if err == nil {
+			unix.Close(fd)
+		}
+		if (err == nil) != tt.ok {
+			t.Errorf("openMountOf(%s) = %v, want ok %t", tt.path, err, tt.ok)
+		}
+	}
+	if _, err := openMountOf(other, st.Dev); !errors.Is(err, ErrUnsafe) {
+		t.Errorf("openMountOf of another filesystem = %v, want ErrUnsafe", err)
+	}
+}
+
 // unmountEventually unmounts dir, retrying while it is busy (for up to
 // five seconds), and fails the test if it stays mounted.
 func unmountEventually(t *testing.T, dir string) {

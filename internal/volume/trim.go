@@ -141,7 +141,11 @@ func (s *Store) trim(v *Volume) (*TrimResult, error) {
 		res.Skipped = "not mounted"
 		return res, fmt.Errorf("trim %s: %w (trim runs where the filesystem is mounted)", v.Name, ErrNotMounted)
 	}
-	trimmed, used, err := fstrim(res.MountPoint)
+	var dev unix.Stat_t
+	if err := unix.Stat(st.DataDevice, &dev); err != nil {
+		return res, fmt.Errorf("trim %s: %w", v.Name, err)
+	}
+	trimmed, used, err := fstrim(res.MountPoint, dev.Rdev)
 	if err != nil {
 		return res, fmt.Errorf("trim %s: %w", v.Name, err)
 	}
@@ -152,13 +156,15 @@ func (s *Store) trim(v *Volume) (*TrimResult, error) {
 	return res, nil
 }
 
-// fstrim runs FITRIM over the whole filesystem mounted at dir and returns
+// fstrim runs FITRIM over the whole filesystem mounted at dir, proven to
+// be the filesystem of the block device devnum (openMountOf), and returns
 // the bytes the filesystem discarded and the bytes it uses.
-func fstrim(dir string) (trimmed uint64, used int64, err error) {
-	f, err := os.Open(dir)
+func fstrim(dir string, devnum uint64) (trimmed uint64, used int64, err error) {
+	fd, err := openMountOf(dir, devnum)
 	if err != nil {
 		return 0, 0, fmt.Errorf("fstrim %s: %w", dir, err)
 	}
+	f := os.NewFile(uintptr(fd), dir)
 	defer f.Close()
 	// Blocks of files just deleted may not be free yet: XFS frees them in
 	// a background worker (which statfs flushes) and skips extents whose
