@@ -5,6 +5,7 @@ package main
 import (
 	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -164,6 +165,19 @@ func TestSnapshotKilledWhileFrozenThaws(t *testing.T) {
 	unix.Close(fd)
 	if !thawed {
 		t.Fatal("the filesystem stayed frozen after the CLI was killed")
+	}
+	// The guard removes the freeze note after its thaw (it runs rm after
+	// fsfreeze: wait for it), so that no later start thaws anything
+	// for it.
+	note := filepath.Join(root, ".locks", "frozen-"+st.UUID)
+	for i := 0; ; i++ {
+		if _, err := os.Lstat(note); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if i == 50 {
+			t.Fatalf("the freeze note %s outlived the guard's thaw", note)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	if err := os.WriteFile(dir+"/after", []byte("x"), 0o600); err != nil {
 		t.Fatal(err)

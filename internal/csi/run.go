@@ -75,6 +75,11 @@ func Run(ctx context.Context, cfg PluginConfig) error {
 	if err != nil {
 		return err
 	}
+	// A plugin killed during a snapshot took its thaw guard along (the
+	// first process of the container's PID namespace): thaw what it left.
+	if err := store.ThawLeftovers(); err != nil {
+		log.Warn("could not thaw every filesystem a killed snapshot left frozen", "error", err)
+	}
 	drvCfg := cfg.Driver
 	drvCfg.Store, drvCfg.Logger, drvCfg.Metrics = store, log, NewMetrics(store)
 	drv, err := New(drvCfg)

@@ -1,14 +1,20 @@
 package volume
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/fsutil"
+	"github.com/sparsevol/sparsevol/internal/loop"
 )
 
 // A mounted filesystem is frozen (FIFREEZE) around the copy of its volume
@@ -25,10 +31,18 @@ import (
 //
 // The kernel never thaws by itself: a filesystem left frozen blocks every
 // writer until someone thaws it.
+//
+// The guard dies with us where we are the first process of a PID
+// namespace (the plugin in its container): the kernel kills every other
+// process of the namespace then. For that, the store notes each freeze in
+// its lock directory (frozen-<uuid>) from before FIFREEZE until the thaw
+// is done, and ThawLeftovers, which the plugin runs at its start, thaws
+// what a note names and a dead process left frozen.
 
-// guardScript is the guard's program (sh -c): $1 is the mount point. It
+// guardScript is the guard's program (sh -c): $1 is the mount point, $2
+// the freeze note ("" for none), removed once the thaw worked. It
 // ignores the signals a terminal sends the process group.
-const guardScript = `trap '' INT TERM HUP QUIT; read -r x; [ "$x" = done ] || exec fsfreeze --unfreeze "$1"`
+const guardScript = `trap '' INT TERM HUP QUIT; read -r x; [ "$x" = done ] || { fsfreeze --unfreeze "$1" && { [ -z "$2" ] || rm -f -- "$2"; }; }`
 
 // The freeze ioctls, _IOWR('X', 119, int) and _IOWR('X', 120, int).
 const (
@@ -40,6 +54,7 @@ const (
 // than once and from the timer's goroutine.
 type frozen struct {
 	path    string
+	note    string // the freeze note the guard removes after its thaw
 	fd      int // the mount point, opened and proven to be the device's fs
 	guard   *exec.Cmd
 	guardW  *os.File
@@ -56,13 +71,15 @@ type frozen struct {
 // it is the filesystem of the block device devnum (the volume's data
 // device): the directory's st_dev must be that device. It gives up with an
 // error if FIFREEZE does not return within timeout, and thaws by itself
-// when the freeze has lasted timeout. The caller calls thaw.
-func freeze(mountpoint string, devnum uint64, timeout time.Duration) (*frozen, error) {
+// when the freeze has lasted timeout. note, if not "", is the freeze
+// note's path, which the guard removes after a thaw of its own. The
+// caller calls thaw.
+func freeze(mountpoint string, devnum uint64, timeout time.Duration, note string) (*frozen, error) {
 	fd, err := openMountOf(mountpoint, devnum)
 	if err != nil {
 		return nil, fmt.Errorf("freeze %s: %w", mountpoint, err)
 	}
-	f := &frozen{path: mountpoint, fd: fd}
+	f := &frozen{path: mountpoint, fd: fd, note: note}
 	if err := f.startGuard(); err != nil {
 		unix.Close(fd)
 		return nil, err
@@ -129,7 +146,7 @@ func (f *frozen) startGuard() error {
 	if err != nil {
 		return fmt.Errorf("freeze %s: guard: %w", f.path, err)
 	}
-	cmd := exec.Command("sh", "-c", guardScript, "sparsevol-thaw-guard", f.path)
+	cmd := exec.Command("sh", "-c", guardScript, "sparsevol-thaw-guard", f.path, f.note)
 	cmd.Stdin = r
 	cmd.Env = append(os.Environ(), "LC_ALL=C")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -168,6 +185,14 @@ func (f *frozen) thaw() error {
 	return f.err
 }
 
+// thawed reports whether thaw, called before, thawed the filesystem
+// (FITHAW succeeded, from thaw or the timer).
+func (f *frozen) thawed() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err == nil
+}
+
 // release dismisses the guard and closes the mount point. noThaw tells
 // the guard that nothing is left for it to thaw: the thaw is done, or
 // FIFREEZE failed and froze nothing of ours. Without it the guard runs
@@ -186,4 +211,119 @@ func (f *frozen) heldFor() time.Duration {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.held
+}
+
+// freezeNoteName is the lock directory's note of a freeze of volume
+// uuid's filesystem held by some process (see above).
+func freezeNoteName(uuid string) string { return "frozen-" + uuid }
+
+// noteFreeze writes volume uuid's freeze note; the caller holds its lock.
+func (s *Store) noteFreeze(uuid string) error {
+	dir, err := s.lockDirFD()
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dir)
+	fd, err := unix.Openat(dir, freezeNoteName(uuid), unix.O_CREAT|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("note the freeze of %s: %w", uuid, err)
+	}
+	return unix.Close(fd)
+}
+
+// clearFreezeNote removes volume uuid's freeze note, if there is one.
+func (s *Store) clearFreezeNote(uuid string) {
+	dir, err := s.lockDirFD()
+	if err != nil {
+		return
+	}
+	defer unix.Close(dir)
+	unix.Unlinkat(dir, freezeNoteName(uuid), 0)
+}
+
+// ThawLeftovers thaws the filesystems that a process killed while it
+// held a snapshot's freeze left frozen (their notes, see above), and
+// removes the notes. Each volume's lock is taken first: a freeze held by
+// a live process (whose lock it is) is waited for, and its note is gone
+// by then. A mount point is thawed only once proven the volume's
+// filesystem (openMountOf); one that is not frozen any more is no error.
+func (s *Store) ThawLeftovers() error {
+	f, err := fsutil.OpenDir(filepath.Join(s.root, lockDir))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("thaw leftovers: %w", err)
+	}
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("thaw leftovers: %w", err)
+	}
+	var errs []error
+	for _, name := range names {
+		uuid, ok := strings.CutPrefix(name, "frozen-")
+		if !ok || !ValidUUID(uuid) {
+			continue
+		}
+		if err := s.thawLeftover(uuid); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// thawLeftover thaws volume uuid's filesystem under its lock if its
+// freeze note is still there, then removes the note.
+func (s *Store) thawLeftover(uuid string) error {
+	unlock, err := s.lock(uuid)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	dir, err := s.lockDirFD()
+	if err != nil {
+		return err
+	}
+	var st unix.Stat_t
+	err = unix.Fstatat(dir, freezeNoteName(uuid), &st, unix.AT_SYMLINK_NOFOLLOW)
+	unix.Close(dir)
+	if err != nil {
+		return nil // thawed and cleared meanwhile
+	}
+	v, err := s.readMeta(uuid)
+	if err != nil {
+		s.clearFreezeNote(uuid) // no volume, nothing of it mounted to thaw
+		return nil
+	}
+	status := s.statusOf(v)
+	if status.DataDevice == "" {
+		s.clearFreezeNote(uuid) // not attached: nothing mounted
+		return nil
+	}
+	var dev unix.Stat_t
+	if err := unix.Stat(status.DataDevice, &dev); err != nil {
+		return fmt.Errorf("thaw %s: %w", v.Name, err)
+	}
+	mounts, err := loop.ReadMountTable().Of(status.DataDevice)
+	if err != nil {
+		return fmt.Errorf("thaw %s: %w", v.Name, err)
+	}
+	for _, m := range mounts {
+		fd, err := openMountOf(m, dev.Rdev)
+		if err != nil {
+			return fmt.Errorf("thaw %s at %s: %w", v.Name, m, err)
+		}
+		err = unix.IoctlSetInt(fd, ioctlFITHAW, 0)
+		unix.Close(fd)
+		switch {
+		case err == nil:
+			s.log.Warn("thawed a filesystem a killed snapshot left frozen", "volume", v.Name, "mount", m)
+		case !errors.Is(err, unix.EINVAL): // EINVAL: not frozen
+			return fmt.Errorf("thaw %s at %s: %w", v.Name, m, err)
+		}
+		break // one superblock: a thaw of one mount thaws them all
+	}
+	s.clearFreezeNote(uuid)
+	return nil
 }

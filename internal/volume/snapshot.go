@@ -665,13 +665,21 @@ func (s *Store) openSnapshot(sn *Snapshot) (int, error) {
 type quiesced struct {
 	consistency Consistency
 	frozen      *frozen
+	store       *Store
+	uuid        string // the volume's, whose freeze note a thaw clears
 }
 
+// release thaws what quiesce froze (safe to call more than once) and,
+// once the thaw is done, removes the volume's freeze note.
 func (q *quiesced) release() error {
 	if q.frozen == nil {
 		return nil
 	}
-	return q.frozen.thaw()
+	err := q.frozen.thaw()
+	if q.frozen.thawed() {
+		q.store.clearFreezeNote(q.uuid)
+	}
+	return err
 }
 
 // quiesce makes what the volume's devices (ours, proven by the caller)
@@ -695,11 +703,21 @@ func (s *Store) quiesce(v *Volume, ours []*loop.Device) (*quiesced, error) {
 			if err := unix.Stat(data, &st); err != nil {
 				return nil, fmt.Errorf("volume %s: %w", v.Name, err)
 			}
-			f, err := freeze(mounts[0], st.Rdev, s.opts.FreezeTimeout)
-			if err != nil {
+			// The note outlives this process where the guard cannot
+			// (ThawLeftovers): written before the freeze, cleared after
+			// the thaw, or after a freeze that froze nothing.
+			if err := s.noteFreeze(v.UUID); err != nil {
 				return nil, fmt.Errorf("volume %s: %w", v.Name, err)
 			}
-			q.frozen, q.consistency = f, ConsistencyFrozen
+			note := filepath.Join(s.root, lockDir, freezeNoteName(v.UUID))
+			f, err := freeze(mounts[0], st.Rdev, s.opts.FreezeTimeout, note)
+			if err != nil {
+				if !errors.Is(err, ErrBusy) { // else FIFREEZE may still freeze
+					s.clearFreezeNote(v.UUID)
+				}
+				return nil, fmt.Errorf("volume %s: %w", v.Name, err)
+			}
+			q.frozen, q.consistency, q.store, q.uuid = f, ConsistencyFrozen, s, v.UUID
 		}
 	}
 	for _, d := range ours {

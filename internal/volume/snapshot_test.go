@@ -573,7 +573,7 @@ func TestFreezeLeavesOthersFreeze(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.IoctlSetInt(fd, ioctlFITHAW, 0) }) // before the close
-	if f, err := freeze(dir, st.Dev, 5*time.Second); !errors.Is(err, unix.EBUSY) {
+	if f, err := freeze(dir, st.Dev, 5*time.Second, ""); !errors.Is(err, unix.EBUSY) {
 		if f != nil {
 			f.thaw()
 		}
@@ -622,6 +622,64 @@ func TestOpenMountOf(t *testing.T) {
 	}
 	if _, err := openMountOf(other, st.Dev); !errors.Is(err, ErrUnsafe) {
 		t.Errorf("openMountOf of another filesystem = %v, want ErrUnsafe", err)
+	}
+}
+
+// TestThawLeftovers: a freeze whose holder died with its guard (the
+// plugin as its PID namespace's first process) is thawed by
+// ThawLeftovers, which the plugin runs at start, through the note the
+// snapshot left; a note whose freeze is gone is only removed; a snapshot
+// that ends leaves no note.
+func TestThawLeftovers(t *testing.T) {
+	s := newStore(t, Options{})
+	ctx := context.Background()
+	v := mustCreate(t, s, CreateRequest{Name: "v", SizeBytes: 64 << 20, KeepAttached: true})
+	st, err := s.Status(v.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := mountTemp(t, st.DataDevice, v.FSType)
+	note := filepath.Join(s.Root(), lockDir, freezeNoteName(v.UUID))
+	if _, err := s.CreateSnapshot(ctx, v.Name, "s", SnapshotOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(note); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a finished snapshot left its freeze note: %v", err)
+	}
+	for _, frozen := range []bool{true, false} {
+		fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if frozen {
+			if err := unix.IoctlSetInt(fd, ioctlFIFREEZE, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		unix.Close(fd)
+		if err := s.noteFreeze(v.UUID); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.ThawLeftovers(); err != nil {
+			t.Fatalf("frozen %t: ThawLeftovers: %v", frozen, err)
+		}
+		assertThawed(t, dir)
+		if _, err := os.Lstat(note); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("frozen %t: the note is still there: %v", frozen, err)
+		}
+	}
+	sns, err := s.ListSnapshots(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sn := range sns {
+		if err := s.DeleteSnapshot(ctx, sn.UUID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unmountAll(t, s, v.Name)
+	if err := s.Delete(ctx, v.Name, DetachOptions{}); err != nil {
+		t.Fatal(err)
 	}
 }
 
