@@ -2,6 +2,7 @@ package volume
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -181,6 +182,130 @@ func TestDeleteBroken(t *testing.T) {
 			}
 			if tt.keepFile && !tt.keepMeta {
 				os.Remove(v.BackingFile) // the leak check would not see it, but keep the store clean
+			}
+		})
+	}
+}
+
+// corruptRecord rewrites one field of the metadata file at path, as an
+// attacker who can write the store's metadata would.
+func corruptRecord(t *testing.T, path, field string, value any) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec map[string]any
+	if err := json.Unmarshal(data, &rec); err != nil {
+		t.Fatal(err)
+	}
+	rec[field] = value
+	if data, err = json.Marshal(rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fieldCorruptions are records with one field no store writes, and the
+// reason the record is refused with.
+var fieldCorruptions = []struct {
+	name   string
+	field  string
+	value  any
+	reason string
+}{
+	{"size 0", "sizeBytes", 0, "size 0 is not"},
+	{"size 3", "sizeBytes", 3, "size 3 is not"},
+	{"odd mode", "mode", "weird", `mode "weird"`},
+	{"unknown filesystem", "fsType", "btrfs", `filesystem "btrfs"`},
+	{"odd block size", "blockSize", 123, "block size 123"},
+	{"name with a slash", "name", "a/b", "contains '/'"},
+}
+
+// TestSnapshotRecordFieldsChecked: a snapshot record with a field no store
+// writes is listed as broken, with the reason; a restore from it is
+// refused and changes nothing (no volume, no loop device: newStore's
+// cleanup checks), and DeleteSnapshot removes it.
+func TestSnapshotRecordFieldsChecked(t *testing.T) {
+	for _, tt := range fieldCorruptions {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			s := newStore(t, Options{})
+			t.Cleanup(func() { s.DetachAll(DetachOptions{}) })
+			src := rawVolume(t, s, "src")
+			sn, err := s.CreateSnapshot(ctx, src.Name, "s", SnapshotOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := s.snapMetaPath(sn.UUID)
+			corruptRecord(t, path, tt.field, tt.value)
+
+			before := listing(t, s.Root())
+			if v, err := s.Create(ctx, CreateRequest{Name: "r0", FromSnapshot: sn.UUID}); !errors.Is(err, ErrNotReady) {
+				t.Errorf("restore from the snapshot = %+v, %v; want ErrNotReady", v, err)
+			}
+			if after := listing(t, s.Root()); after != before {
+				t.Errorf("the refused restore changed the store:\nbefore %s\nafter  %s", before, after)
+			}
+			if vols, err := s.List(); err != nil || len(vols) != 1 || vols[0].UUID != src.UUID {
+				t.Errorf("List = %v, %v; want the source only", vols, err)
+			}
+			sns, err := s.ListSnapshots(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(sns) != 1 || sns[0].UUID != sn.UUID || sns[0].State != StateBroken ||
+				!strings.Contains(sns[0].Problem, path) || !strings.Contains(sns[0].Problem, tt.reason) {
+				t.Errorf("ListSnapshots = %+v; want the snapshot broken, naming %s and %q", sns, path, tt.reason)
+			}
+			if err := s.DeleteSnapshot(ctx, sn.UUID); err != nil {
+				t.Fatalf("DeleteSnapshot(broken): %v", err)
+			}
+			for _, p := range []string{path, s.snapPath(sn.UUID)} {
+				if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("%s still there after delete (%v)", p, err)
+				}
+			}
+		})
+	}
+}
+
+// TestVolumeRecordFieldsChecked: a volume record with a field no store
+// writes is listed as broken, with the reason, refused by attach, and
+// removed by Delete with its backing file, leaving no loop device.
+func TestVolumeRecordFieldsChecked(t *testing.T) {
+	for _, tt := range fieldCorruptions {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			s := newStore(t, Options{})
+			t.Cleanup(func() { s.DetachAll(DetachOptions{}) })
+			v := rawVolume(t, s, "v")
+			if err := s.Detach(v.UUID, DetachOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			path := s.metaPath(v.UUID)
+			corruptRecord(t, path, tt.field, tt.value)
+
+			vols, err := s.List()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(vols) != 1 || vols[0].UUID != v.UUID || vols[0].State != StateBroken ||
+				!strings.Contains(vols[0].Problem, path) || !strings.Contains(vols[0].Problem, tt.reason) {
+				t.Errorf("List = %+v; want the volume broken, naming %s and %q", vols, path, tt.reason)
+			}
+			if _, err := s.Attach(ctx, v.UUID); !errors.Is(err, ErrBroken) {
+				t.Errorf("Attach of the broken volume: %v; want ErrBroken", err)
+			}
+			if err := s.Delete(ctx, v.UUID, DetachOptions{}); err != nil {
+				t.Fatalf("Delete(broken): %v", err)
+			}
+			for _, p := range []string{path, v.BackingFile} {
+				if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("%s still there after delete (%v)", p, err)
+				}
 			}
 		})
 	}

@@ -119,7 +119,8 @@ func (s *Store) writeSnapMeta(sn *Snapshot, flush fsutil.Flush) error {
 }
 
 // readSnapMeta reads snapshot uuid's metadata: missing is
-// ErrSnapshotNotFound, unreadable or naming another snapshot ErrBroken.
+// ErrSnapshotNotFound; unreadable, naming another snapshot or holding a
+// field check refuses, ErrBroken.
 func (s *Store) readSnapMeta(uuid string) (*Snapshot, error) {
 	path := s.snapMetaPath(uuid)
 	data, err := fsutil.ReadRegular(path, maxRecordSize)
@@ -132,12 +133,27 @@ func (s *Store) readSnapMeta(uuid string) (*Snapshot, error) {
 		if err == nil && sn.UUID != uuid {
 			err = fmt.Errorf("the file names snapshot %q", sn.UUID)
 		}
+		if err == nil {
+			err = sn.check()
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w: %w", uuid, &os.PathError{Op: "read metadata", Path: path, Err: err}, ErrBroken)
 	}
 	sn.ReadyToUse = sn.State == StateReady
 	return &sn, nil
+}
+
+// check applies the rules a snapshot's record must meet before the store
+// acts on it (a restore makes a volume of its layout and size):
+// checkLayout's, with the sizes a record may hold (sizeKept), and a valid
+// name. The error carries no error class; readSnapMeta makes it
+// ErrBroken.
+func (sn *Snapshot) check() error {
+	if err := checkLayout(sn.Mode, sn.FSType, sn.Partitioned, sn.SizeBytes, sn.BlockSize, sizeKept); err != nil {
+		return err
+	}
+	return unclassified(ValidateName(sn.Name))
 }
 
 func (s *Store) removeSnapMeta(uuid string) error {

@@ -433,8 +433,8 @@ func (s *Store) putMeta(v *Volume, flush fsutil.Flush) error {
 const maxRecordSize = 1 << 20
 
 // readMeta reads the metadata of the volume uuid. A missing file is
-// ErrNotFound; one that cannot be read or parsed, or names another volume,
-// is ErrBroken, naming the file.
+// ErrNotFound; one that cannot be read or parsed, names another volume or
+// holds a field check refuses is ErrBroken, naming the file.
 func (s *Store) readMeta(uuid string) (*Volume, error) {
 	path := s.metaPath(uuid)
 	data, err := fsutil.ReadRegular(path, maxRecordSize)
@@ -447,6 +447,9 @@ func (s *Store) readMeta(uuid string) (*Volume, error) {
 		if err == nil && v.UUID != uuid {
 			err = fmt.Errorf("the file names volume %q", v.UUID)
 		}
+		if err == nil {
+			err = v.check()
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("volume %s: %w: %w", uuid, &os.PathError{Op: "read metadata", Path: path, Err: err}, ErrBroken)
@@ -454,6 +457,31 @@ func (s *Store) readMeta(uuid string) (*Volume, error) {
 	// Never a path from the metadata: the backing file is <root>/<uuid>.
 	v.BackingFile = s.backingPath(uuid)
 	return &v, nil
+}
+
+// check applies the rules a volume's record must meet before the store
+// acts on it (metadata files are hostile input): checkLayout's, with the
+// sizes a record may hold (sizeKept), an expansion in progress to no less
+// than the size, and a valid name. The error carries no error class;
+// readMeta makes it ErrBroken.
+func (v *Volume) check() error {
+	if err := checkLayout(v.Mode, v.FSType, v.Partitioned, v.SizeBytes, v.BlockSize, sizeKept); err != nil {
+		return err
+	}
+	if v.ExpandingTo != 0 && (v.ExpandingTo < v.SizeBytes || v.ExpandingTo > maxSize || v.ExpandingTo%512 != 0) {
+		return fmt.Errorf("expanding to %d is not a multiple of 512 bytes from the size %d up to %s", v.ExpandingTo, v.SizeBytes, FormatSize(maxSize+1))
+	}
+	return unclassified(ValidateName(v.Name))
+}
+
+// unclassified is err's message without its error classes (nil for nil):
+// a rule a record breaks makes it ErrBroken, never the ErrInvalid of a
+// request that broke the same rule.
+func unclassified(err error) error {
+	if err == nil {
+		return nil
+	}
+	return errors.New(err.Error())
 }
 
 // brokenVolume stands for a volume whose metadata readMeta refused with

@@ -69,27 +69,59 @@ func streamSum(version uint32) (hash.Hash, bool) {
 	return nil, false
 }
 
-// check applies the rules a header must meet before anything is written.
+// check applies the rules a header must meet before anything is written:
+// checkLayout's, a size a store makes (sizeMade), a canonical UUID and a
+// valid name.
 func (h *StreamHeader) check() error {
-	switch {
-	case h.Mode != ModeFilesystem && h.Mode != ModeBlock:
-		return fmt.Errorf("mode %q is not filesystem or block", h.Mode)
-	case h.Mode == ModeFilesystem && h.FSType != "ext4" && h.FSType != "xfs":
-		return fmt.Errorf("filesystem %q is not ext4 or xfs", h.FSType)
-	case h.Mode == ModeBlock && h.FSType != "":
-		return fmt.Errorf("a block volume with filesystem %q", h.FSType)
-	case h.Mode == ModeFilesystem && h.Partitioned:
-		return errors.New("a partitioned filesystem volume")
-	case h.SizeBytes <= 0 || h.SizeBytes > maxSize || h.SizeBytes%MiB != 0:
-		return fmt.Errorf("size %d is not a positive whole number of MiB up to %s", h.SizeBytes, FormatSize(maxSize+1))
-	case h.SizeBytes < MinSize(h.FSType):
-		return fmt.Errorf("size %s is below the minimum for %s", FormatSize(h.SizeBytes), kindName(h.FSType))
-	case h.BlockSize != 0 && h.BlockSize != 512 && h.BlockSize != 1024 && h.BlockSize != 2048 && h.BlockSize != 4096:
-		return fmt.Errorf("block size %d is not 512, 1024, 2048 or 4096", h.BlockSize)
-	case !ValidUUID(h.UUID) || h.UUID == nilUUID:
+	if err := checkLayout(h.Mode, h.FSType, h.Partitioned, h.SizeBytes, h.BlockSize, sizeMade); err != nil {
+		return err
+	}
+	if !ValidUUID(h.UUID) || h.UUID == nilUUID {
 		return fmt.Errorf("uuid %q is not a canonical UUID", h.UUID)
 	}
 	return ValidateName(h.Name)
+}
+
+// sizeRule says which sizes checkLayout admits.
+type sizeRule int
+
+const (
+	// sizeMade: a size a store makes (Create, Expand, Import): a positive
+	// whole number of MiB up to maxSize, at least MinSize of the
+	// filesystem.
+	sizeMade sizeRule = iota
+	// sizeKept: a size a record may hold: also an adopted file's (a
+	// multiple of 512 bytes from 1 MiB, see Adopt), which copies of the
+	// volume and its snapshots keep.
+	sizeKept
+)
+
+// checkLayout applies the rules every description of a volume meets (a
+// stream header, a volume's record, a snapshot's record): mode filesystem
+// with ext4 or xfs and no partition table, or mode block with no
+// filesystem; a size as rule says; a block size of 512, 1024, 2048 or
+// 4096, or 0 where none was recorded. The error names the first rule
+// broken and carries no error class: each caller gives its own.
+func checkLayout(mode Mode, fsType string, partitioned bool, size int64, blockSize uint32, rule sizeRule) error {
+	switch {
+	case mode != ModeFilesystem && mode != ModeBlock:
+		return fmt.Errorf("mode %q is not filesystem or block", mode)
+	case mode == ModeFilesystem && fsType != "ext4" && fsType != "xfs":
+		return fmt.Errorf("filesystem %q is not ext4 or xfs", fsType)
+	case mode == ModeBlock && fsType != "":
+		return fmt.Errorf("a block volume with filesystem %q", fsType)
+	case mode == ModeFilesystem && partitioned:
+		return errors.New("a partitioned filesystem volume")
+	case rule == sizeMade && (size <= 0 || size > maxSize || size%MiB != 0):
+		return fmt.Errorf("size %d is not a positive whole number of MiB up to %s", size, FormatSize(maxSize+1))
+	case rule == sizeMade && size < MinSize(fsType):
+		return fmt.Errorf("size %s is below the minimum for %s", FormatSize(size), kindName(fsType))
+	case rule == sizeKept && (size < MiB || size > maxSize || size%512 != 0):
+		return fmt.Errorf("size %d is not a multiple of 512 bytes from 1Mi up to %s", size, FormatSize(maxSize+1))
+	case blockSize != 0 && blockSize != 512 && blockSize != 1024 && blockSize != 2048 && blockSize != 4096:
+		return fmt.Errorf("block size %d is not 512, 1024, 2048 or 4096", blockSize)
+	}
+	return nil
 }
 
 // streamWriter writes a stream; the caller checks the header first.

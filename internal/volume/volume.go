@@ -42,7 +42,8 @@ var (
 	// ErrMismatch: a device does not hold what the volume says it holds
 	// (its own filesystem, its own partition table); nothing was changed.
 	ErrMismatch = errors.New("volume content does not match its metadata")
-	// ErrBroken: the volume's metadata file cannot be read or parsed. It is
+	// ErrBroken: the volume's metadata file cannot be read or parsed, or
+	// holds a field its check refuses (Volume.check, Snapshot.check). It is
 	// an ErrNotReady: the volume exists, and only delete acts on it.
 	ErrBroken = fmt.Errorf("metadata unreadable: %w", ErrNotReady)
 	// ErrUnsafe: refused because something is not provably the volume's
