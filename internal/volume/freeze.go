@@ -55,7 +55,7 @@ const (
 type frozen struct {
 	path    string
 	note    string // the freeze note the guard removes after its thaw
-	fd      int // the mount point, opened and proven to be the device's fs
+	fd      int    // the mount point, opened and proven to be the device's fs
 	guard   *exec.Cmd
 	guardW  *os.File
 	timer   *time.Timer

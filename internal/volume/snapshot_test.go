@@ -529,12 +529,7 @@ func TestSnapshotFileRules(t *testing.T) {
 func TestSnapshotFreezeBounded(t *testing.T) {
 	s := newStore(t, Options{FreezeTimeout: 10 * time.Millisecond})
 	ctx := context.Background()
-	v := mustCreate(t, s, CreateRequest{Name: "v", SizeBytes: 64 << 20, KeepAttached: true})
-	st, err := s.Status(v.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := mountTemp(t, st.DataDevice, v.FSType)
+	v, dir := mountedVolume(t, s, "v")
 	waitThawed := func(int64, int64) { assertThawed(t, dir) }
 	if _, err := s.CreateSnapshot(ctx, v.Name, "s", SnapshotOptions{Progress: waitThawed}); !errors.Is(err, ErrBusy) {
 		t.Fatalf("snapshot with a freeze beyond its bound: %v, want ErrBusy", err)
@@ -633,12 +628,7 @@ func TestOpenMountOf(t *testing.T) {
 func TestThawLeftovers(t *testing.T) {
 	s := newStore(t, Options{})
 	ctx := context.Background()
-	v := mustCreate(t, s, CreateRequest{Name: "v", SizeBytes: 64 << 20, KeepAttached: true})
-	st, err := s.Status(v.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := mountTemp(t, st.DataDevice, v.FSType)
+	v, dir := mountedVolume(t, s, "v")
 	note := filepath.Join(s.Root(), lockDir, freezeNoteName(v.UUID))
 	if _, err := s.CreateSnapshot(ctx, v.Name, "s", SnapshotOptions{}); err != nil {
 		t.Fatal(err)
@@ -681,6 +671,18 @@ func TestThawLeftovers(t *testing.T) {
 	if err := s.Delete(ctx, v.Name, DetachOptions{}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// mountedVolume creates a 64 MiB filesystem volume, attached, and mounts
+// it on a temporary directory, which it returns.
+func mountedVolume(t *testing.T, s *Store, name string) (*Volume, string) {
+	t.Helper()
+	v := mustCreate(t, s, CreateRequest{Name: name, SizeBytes: 64 << 20, KeepAttached: true})
+	st, err := s.Status(v.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v, mountTemp(t, st.DataDevice, v.FSType)
 }
 
 // unmountEventually unmounts dir, retrying while it is busy (for up to
