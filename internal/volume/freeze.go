@@ -243,10 +243,11 @@ func (s *Store) clearFreezeNote(uuid string) {
 
 // ThawLeftovers thaws the filesystems that a process killed while it
 // held a snapshot's freeze left frozen (their notes, see above), and
-// removes the notes. Each volume's lock is taken first: a freeze held by
-// a live process (whose lock it is) is waited for, and its note is gone
-// by then. A mount point is thawed only once proven the volume's
-// filesystem (openMountOf); one that is not frozen any more is no error.
+// removes the notes. Each volume's lock is tried first, without waiting:
+// a note whose volume is locked belongs to a live process (a snapshot in
+// progress, with its guard), whose freeze is left to it. A mount point is
+// thawed only once proven the volume's filesystem (openMountOf); one that
+// is not frozen any more is no error.
 func (s *Store) ThawLeftovers() error {
 	f, err := fsutil.OpenDir(filepath.Join(s.root, lockDir))
 	if errors.Is(err, os.ErrNotExist) {
@@ -273,10 +274,13 @@ func (s *Store) ThawLeftovers() error {
 	return errors.Join(errs...)
 }
 
-// thawLeftover thaws volume uuid's filesystem under its lock if its
-// freeze note is still there, then removes the note.
+// thawLeftover thaws volume uuid's filesystem under its lock, if the lock
+// is free and the freeze note still there, then removes the note.
 func (s *Store) thawLeftover(uuid string) error {
-	unlock, err := s.lock(uuid)
+	unlock, err := s.tryLock(uuid)
+	if errors.Is(err, unix.EWOULDBLOCK) {
+		return nil // held: the holder is alive and thaws its own freeze
+	}
 	if err != nil {
 		return err
 	}

@@ -650,6 +650,27 @@ func TestThawLeftovers(t *testing.T) {
 		if err := s.noteFreeze(v.UUID); err != nil {
 			t.Fatal(err)
 		}
+		// A locked volume is a live snapshot's: its freeze is left.
+		unlock, err := s.lock(v.UUID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = s.ThawLeftovers()
+		unlock()
+		if _, serr := os.Lstat(note); err != nil || serr != nil {
+			t.Fatalf("frozen %t: ThawLeftovers beside a holder of the lock: %v, note %v", frozen, err, serr)
+		}
+		if frozen {
+			fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = unix.IoctlSetInt(fd, ioctlFIFREEZE, 0)
+			unix.Close(fd)
+			if !errors.Is(err, unix.EBUSY) {
+				t.Fatalf("ThawLeftovers thawed a freeze whose holder holds the lock: FIFREEZE = %v", err)
+			}
+		}
 		if err := s.ThawLeftovers(); err != nil {
 			t.Fatalf("frozen %t: ThawLeftovers: %v", frozen, err)
 		}
