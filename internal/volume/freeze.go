@@ -14,7 +14,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sparsevol/sparsevol/internal/fsutil"
-	"github.com/sparsevol/sparsevol/internal/loop"
 )
 
 // A mounted filesystem is frozen (FIFREEZE) around the copy of its volume
@@ -217,6 +216,11 @@ func (f *frozen) heldFor() time.Duration {
 // uuid's filesystem held by some process (see above).
 func freezeNoteName(uuid string) string { return "frozen-" + uuid }
 
+// freezeNotePath is the note's path, for the guard (sh), which has no fd.
+func (s *Store) freezeNotePath(uuid string) string {
+	return filepath.Join(s.root, lockDir, freezeNoteName(uuid))
+}
+
 // noteFreeze writes volume uuid's freeze note; the caller holds its lock.
 func (s *Store) noteFreeze(uuid string) error {
 	dir, err := s.lockDirFD()
@@ -300,20 +304,14 @@ func (s *Store) thawLeftover(uuid string) error {
 		s.clearFreezeNote(uuid) // no volume, nothing of it mounted to thaw
 		return nil
 	}
+	// One superblock: a thaw through any of its mounts thaws them all.
 	status := s.statusOf(v)
-	if status.DataDevice == "" {
-		s.clearFreezeNote(uuid) // not attached: nothing mounted
-		return nil
-	}
-	var dev unix.Stat_t
-	if err := unix.Stat(status.DataDevice, &dev); err != nil {
-		return fmt.Errorf("thaw %s: %w", v.Name, err)
-	}
-	mounts, err := loop.ReadMountTable().Of(status.DataDevice)
-	if err != nil {
-		return fmt.Errorf("thaw %s: %w", v.Name, err)
-	}
-	for _, m := range mounts {
+	if len(status.MountPoints) > 0 {
+		m := status.MountPoints[0]
+		var dev unix.Stat_t
+		if err := unix.Stat(status.DataDevice, &dev); err != nil {
+			return fmt.Errorf("thaw %s: %w", v.Name, err)
+		}
 		fd, err := openMountOf(m, dev.Rdev)
 		if err != nil {
 			return fmt.Errorf("thaw %s at %s: %w", v.Name, m, err)
@@ -326,7 +324,6 @@ func (s *Store) thawLeftover(uuid string) error {
 		case !errors.Is(err, unix.EINVAL): // EINVAL: not frozen
 			return fmt.Errorf("thaw %s at %s: %w", v.Name, m, err)
 		}
-		break // one superblock: a thaw of one mount thaws them all
 	}
 	s.clearFreezeNote(uuid)
 	return nil

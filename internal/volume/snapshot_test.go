@@ -629,7 +629,7 @@ func TestThawLeftovers(t *testing.T) {
 	s := newStore(t, Options{})
 	ctx := context.Background()
 	v, dir := mountedVolume(t, s, "v")
-	note := filepath.Join(s.Root(), lockDir, freezeNoteName(v.UUID))
+	note := s.freezeNotePath(v.UUID)
 	if _, err := s.CreateSnapshot(ctx, v.Name, "s", SnapshotOptions{}); err != nil {
 		t.Fatal(err)
 	}
