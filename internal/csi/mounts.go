@@ -10,6 +10,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/sparsevol/sparsevol/internal/fsutil"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
@@ -230,23 +231,20 @@ func bindMount(source, target int, readOnly bool) error {
 // path it mounted. Anything else (a path swapped since it was mounted on)
 // is volume.ErrUnsafe. The caller closes the fd.
 func openOn(p, dev string) (int, error) {
+	var d unix.Stat_t
+	if err := unix.Stat(dev, &d); err != nil {
+		return -1, err
+	}
 	fd, err := openNodePath(p, existing)
 	if err != nil {
 		return -1, err
 	}
-	var st, d unix.Stat_t
-	err = unix.Fstat(fd, &st)
-	if err == nil {
-		err = unix.Stat(dev, &d)
-	}
-	if err == nil && (d.Mode&unix.S_IFMT != unix.S_IFBLK || st.Dev != d.Rdev) {
-		err = fmt.Errorf("%s is not on %s: %w", p, dev, volume.ErrUnsafe)
-	}
-	if err != nil {
-		unix.Close(fd)
-		return -1, err
-	}
-	return fd, nil
+	return fsutil.CheckFD(fd, func(st *unix.Stat_t) error {
+		if d.Mode&unix.S_IFMT != unix.S_IFBLK || st.Dev != d.Rdev {
+			return fmt.Errorf("%s is not on %s: %w", p, dev, volume.ErrUnsafe)
+		}
+		return nil
+	})
 }
 
 // openDevice opens the block device node dev with O_PATH, not following a
@@ -256,12 +254,12 @@ func openDevice(dev string) (int, error) {
 	if err != nil {
 		return -1, fmt.Errorf("open %s: %w", dev, err)
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFBLK {
-		unix.Close(fd)
-		return -1, fmt.Errorf("%s is not a block device (%v): %w", dev, err, volume.ErrUnsafe)
-	}
-	return fd, nil
+	return fsutil.CheckFD(fd, func(st *unix.Stat_t) error {
+		if st.Mode&unix.S_IFMT != unix.S_IFBLK {
+			return fmt.Errorf("%s is not a block device: %w", dev, volume.ErrUnsafe)
+		}
+		return nil
+	})
 }
 
 // mountFlags are the mount(8) options that are mount(2) flags: set or

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sparsevol/sparsevol/internal/fsutil"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
@@ -51,7 +52,7 @@ func openNodePath(p string, end pathEnd) (int, error) {
 		default:
 			fd, err = unix.Openat(dir, c, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 			if err == nil {
-				err = notLink(fd)
+				fd, err = fsutil.CheckFD(fd, notLink)
 			}
 		}
 		unix.Close(dir)
@@ -109,28 +110,18 @@ func openFileAt(dir int, name string) (int, error) {
 	if err != nil {
 		return -1, err
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return -1, err
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		unix.Close(fd)
-		return -1, fmt.Errorf("not a regular file (mode %#o; remove it): %w", st.Mode, volume.ErrInvalid)
-	}
-	return fd, nil
+	return fsutil.CheckFD(fd, func(st *unix.Stat_t) error {
+		if st.Mode&unix.S_IFMT != unix.S_IFREG {
+			return fmt.Errorf("not a regular file (mode %#o; remove it): %w", st.Mode, volume.ErrInvalid)
+		}
+		return nil
+	})
 }
 
-// notLink fails (ELOOP) when fd, opened O_PATH|O_NOFOLLOW, is a symbolic
-// link itself.
-func notLink(fd int) error {
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return err
-	}
+// notLink fails (ELOOP) for a symbolic link: what an O_PATH|O_NOFOLLOW
+// open of one opens. It is a CheckFD check.
+func notLink(st *unix.Stat_t) error {
 	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
-		unix.Close(fd)
 		return unix.ELOOP
 	}
 	return nil

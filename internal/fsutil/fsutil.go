@@ -225,3 +225,19 @@ func ReplaceSymlink(target, link string) error {
 	}
 	return nil
 }
+
+// CheckFD runs check on what fd is open on (fstat) and returns fd if it
+// passes. Otherwise it closes fd and returns the error: it takes fd over
+// either way, and the caller closes it only after a nil error.
+func CheckFD(fd int, check func(st *unix.Stat_t) error) (int, error) {
+	var st unix.Stat_t
+	err := unix.Fstat(fd, &st)
+	if err == nil {
+		err = check(&st)
+	}
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}

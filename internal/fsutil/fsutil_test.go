@@ -108,3 +108,32 @@ func TestReadRegular(t *testing.T) {
 		t.Fatal("OpenDir opened a regular file")
 	}
 }
+
+// TestCheckFD: a passing check hands the fd back open; a failing one
+// returns its error with the fd closed.
+func TestCheckFD(t *testing.T) {
+	for _, pass := range []bool{true, false} {
+		fd, err := unix.Open(t.TempDir(), unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		refused := errors.New("refused")
+		got, err := CheckFD(fd, func(st *unix.Stat_t) error {
+			if !pass || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+				return refused
+			}
+			return nil
+		})
+		var st unix.Stat_t
+		open := unix.Fstat(fd, &st) == nil
+		if pass && (err != nil || got != fd || !open) {
+			t.Errorf("passing check: fd %d, %v, open %t; want %d, nil, open", got, err, open, fd)
+		}
+		if !pass && (!errors.Is(err, refused) || got != -1 || open) {
+			t.Errorf("failing check: fd %d, %v, open %t; want -1, refused, closed", got, err, open)
+		}
+		if open {
+			unix.Close(fd)
+		}
+	}
+}

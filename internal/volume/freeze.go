@@ -126,17 +126,13 @@ func openMountOf(mountpoint string, devnum uint64) (int, error) {
 	if err != nil {
 		return -1, err
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return -1, err
-	}
-	if st.Dev != devnum {
-		unix.Close(fd)
-		return -1, fmt.Errorf("it is not the volume's filesystem any more (device %d:%d, want %d:%d): %w",
-			unix.Major(st.Dev), unix.Minor(st.Dev), unix.Major(devnum), unix.Minor(devnum), ErrUnsafe)
-	}
-	return fd, nil
+	return fsutil.CheckFD(fd, func(st *unix.Stat_t) error {
+		if st.Dev != devnum {
+			return fmt.Errorf("it is not the volume's filesystem any more (device %d:%d, want %d:%d): %w",
+				unix.Major(st.Dev), unix.Minor(st.Dev), unix.Major(devnum), unix.Minor(devnum), ErrUnsafe)
+		}
+		return nil
+	})
 }
 
 // startGuard starts the thaw-on-exit guard (see above).
