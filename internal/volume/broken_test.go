@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -208,20 +209,38 @@ func corruptRecord(t *testing.T, path, field string, value any) {
 	}
 }
 
-// fieldCorruptions are records with one field no store writes, and the
+// fieldCorruption is a record with one field no store writes, and the
 // reason the record is refused with.
-var fieldCorruptions = []struct {
+type fieldCorruption struct {
 	name   string
 	field  string
 	value  any
 	reason string
-}{
+}
+
+// fieldCorruptions are corruptions of fields volume and snapshot records
+// share.
+var fieldCorruptions = []fieldCorruption{
 	{"size 0", "sizeBytes", 0, "size 0 is not"},
 	{"size 3", "sizeBytes", 3, "size 3 is not"},
 	{"odd mode", "mode", "weird", `mode "weird"`},
 	{"unknown filesystem", "fsType", "btrfs", `filesystem "btrfs"`},
 	{"odd block size", "blockSize", 123, "block size 123"},
 	{"name with a slash", "name", "a/b", "contains '/'"},
+	{"state broken", "state", "broken", `state "broken"`},
+	{"state expanding", "state", "expanding", `state "expanding"`},
+	{"unknown state", "state", "weird", `state "weird"`},
+	{"no state", "state", "", `state ""`},
+}
+
+// snapshotFieldCorruptions are corruptions of fields only snapshot records
+// have.
+var snapshotFieldCorruptions = []fieldCorruption{
+	{"source not a uuid", "sourceUUID", "../x", `source uuid "../x"`},
+	{"source in upper case", "sourceUUID", "0B7E4BD6-1C2B-4A57-9D6A-0E5D7F4E2F10", "source uuid"},
+	{"no source", "sourceUUID", "", `source uuid ""`},
+	{"group with a slash", "group", "a/b", `group: name "a/b" contains '/'`},
+	{"group with an escape", "group", "g\x1b[2J", "group: name"},
 }
 
 // TestSnapshotRecordFieldsChecked: a snapshot record with a field no store
@@ -229,7 +248,7 @@ var fieldCorruptions = []struct {
 // refused and changes nothing (no volume, no loop device: newStore's
 // cleanup checks), and DeleteSnapshot removes it.
 func TestSnapshotRecordFieldsChecked(t *testing.T) {
-	for _, tt := range fieldCorruptions {
+	for _, tt := range slices.Concat(fieldCorruptions, snapshotFieldCorruptions) {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
 			s := newStore(t, Options{})

@@ -146,12 +146,25 @@ func (s *Store) readSnapMeta(uuid string) (*Snapshot, error) {
 
 // check applies the rules a snapshot's record must meet before the store
 // acts on it (a restore makes a volume of its layout and size):
-// checkLayout's, with the sizes a record may hold (sizeKept), and a valid
-// name. The error carries no error class; readSnapMeta makes it
-// ErrBroken.
+// checkLayout's, with the sizes a record may hold (sizeKept), a state a
+// record holds (checkStoredState), the source volume's UUID (ValidUUID, as
+// every volume's), a group named as CreateSnapshotGroup names one (or
+// none), and a valid name. The error carries no error class; readSnapMeta
+// makes it ErrBroken.
 func (sn *Snapshot) check() error {
 	if err := checkLayout(sn.Mode, sn.FSType, sn.Partitioned, sn.SizeBytes, sn.BlockSize, sizeKept); err != nil {
 		return err
+	}
+	if err := checkStoredState(sn.State); err != nil {
+		return err
+	}
+	if !ValidUUID(sn.SourceUUID) {
+		return fmt.Errorf("source uuid %q is not a canonical UUID", sn.SourceUUID)
+	}
+	if sn.Group != "" {
+		if err := ValidateName(sn.Group); err != nil {
+			return fmt.Errorf("group: %w", unclassified(err))
+		}
 	}
 	return unclassified(ValidateName(sn.Name))
 }

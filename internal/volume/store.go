@@ -461,11 +461,15 @@ func (s *Store) readMeta(uuid string) (*Volume, error) {
 
 // check applies the rules a volume's record must meet before the store
 // acts on it (metadata files are hostile input): checkLayout's, with the
-// sizes a record may hold (sizeKept), an expansion in progress to no less
-// than the size, and a valid name. The error carries no error class;
-// readMeta makes it ErrBroken.
+// sizes a record may hold (sizeKept), a state a record holds
+// (checkStoredState), an expansion in progress to no less than the size,
+// and a valid name. The error carries no error class; readMeta makes it
+// ErrBroken.
 func (v *Volume) check() error {
 	if err := checkLayout(v.Mode, v.FSType, v.Partitioned, v.SizeBytes, v.BlockSize, sizeKept); err != nil {
+		return err
+	}
+	if err := checkStoredState(v.State); err != nil {
 		return err
 	}
 	if v.ExpandingTo != 0 && (v.ExpandingTo < v.SizeBytes || v.ExpandingTo > maxSize || v.ExpandingTo%512 != 0) {

@@ -87,6 +87,18 @@ const (
 	StateOrphaned State = "orphaned"
 )
 
+// checkStoredState refuses a state no record holds: a volume's or
+// snapshot's record is only ever written creating, ready or deleting (the
+// other states are reported, never stored). The error carries no error
+// class.
+func checkStoredState(st State) error {
+	switch st {
+	case StateCreating, StateReady, StateDeleting:
+		return nil
+	}
+	return fmt.Errorf("state %q is not creating, ready or deleting", st)
+}
+
 // Supported filesystems and the smallest size mkfs accepts for each here.
 var minSize = map[string]int64{
 	"ext4": 4 << 20,
