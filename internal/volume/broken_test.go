@@ -231,6 +231,11 @@ var fieldCorruptions = []fieldCorruption{
 	{"state expanding", "state", "expanding", `state "expanding"`},
 	{"unknown state", "state", "weird", `state "weird"`},
 	{"no state", "state", "", `state ""`},
+	{"escape in a label", "labels", map[string]string{"k": "a\x1b[2Jb"}, `label "k": value "a\x1b[2Jb" contains`},
+	{"empty label key", "labels", map[string]string{"": "v"}, "a label key is empty"},
+	{"label key too long", "labels", map[string]string{strings.Repeat("k", MaxLabelKeyLength+1): "v"}, "label key"},
+	{"label value too long", "labels", map[string]string{"k": strings.Repeat("v", MaxLabelValueLength+1)}, `label "k": value is`},
+	{"too many labels", "labels", manyLabels(MaxLabels + 1), "labels, at most"},
 }
 
 // snapshotFieldCorruptions are corruptions of fields only snapshot records

@@ -130,7 +130,8 @@ type Change struct {
 	// Preallocate makes a thin volume thick: its file is allocated in
 	// place. A thick volume does not become thin.
 	Preallocate bool
-	// Labels are set; an empty value removes the label.
+	// Labels are set; an empty value removes the label. The labels the
+	// volume then carries meet ValidateLabels.
 	Labels map[string]string
 }
 
@@ -151,6 +152,23 @@ func (s *Store) Change(ref string, ch Change) (*Status, error) {
 		if v.State != StateReady {
 			return fmt.Errorf("change %s: state %s: %w", v.Name, v.State, ErrNotReady)
 		}
+		labels := v.Labels
+		if len(ch.Labels) > 0 {
+			labels = maps.Clone(v.Labels)
+			if labels == nil {
+				labels = map[string]string{}
+			}
+			for k, val := range ch.Labels {
+				if val == "" {
+					delete(labels, k)
+				} else {
+					labels[k] = val
+				}
+			}
+			if err := ValidateLabels(labels); err != nil {
+				return fmt.Errorf("change %s: %w", v.Name, err)
+			}
+		}
 		ids := s.backingIDs(v)
 		bound, err := s.boundTo(v, ids)
 		if err != nil {
@@ -164,7 +182,6 @@ func (s *Store) Change(ref string, ch Change) (*Status, error) {
 			return fmt.Errorf("change %s: %w", v.Name, err)
 		}
 		old := *v
-		old.Labels = maps.Clone(v.Labels)
 		if ch.Preallocate && !v.Preallocate {
 			if err := s.thicken(v); err != nil {
 				return err
@@ -177,16 +194,7 @@ func (s *Store) Change(ref string, ch Change) (*Status, error) {
 		if ch.DirectIO != nil {
 			v.DirectIO = *ch.DirectIO
 		}
-		for k, val := range ch.Labels {
-			if v.Labels == nil {
-				v.Labels = map[string]string{}
-			}
-			if val == "" {
-				delete(v.Labels, k)
-			} else {
-				v.Labels[k] = val
-			}
-		}
+		v.Labels = labels
 		if err := s.applyLive(v, ours); err != nil {
 			if rerr := s.applyLive(&old, ours); rerr != nil {
 				err = errors.Join(err, fmt.Errorf("putting back: %w", rerr))

@@ -28,7 +28,8 @@ type CreateRequest struct {
 	MkfsOptions []string
 	Preallocate bool
 	DirectIO    *bool // nil: the store default
-	Labels      map[string]string
+	// Labels carry caller-owned annotations (ValidateLabels).
+	Labels map[string]string
 	// IOLimits are enforced on the volume's device whenever it is
 	// attached.
 	IOLimits IOLimits
@@ -48,12 +49,15 @@ type CreateRequest struct {
 	source   *source // resolved by Create
 }
 
-// Normalize fills defaults and checks the whole request (name, UUID,
-// layout, size) without touching anything: the one home of the rules a
-// new volume must meet. Create calls it; callers may call it first to
-// refuse a request early. Errors wrap ErrInvalid.
+// Normalize fills defaults and checks the whole request (name, labels,
+// UUID, layout, size) without touching anything: the one home of the
+// rules a new volume must meet. Create calls it; callers may call it
+// first to refuse a request early. Errors wrap ErrInvalid.
 func (r *CreateRequest) Normalize() error {
 	if err := ValidateName(r.Name); err != nil {
+		return err
+	}
+	if err := ValidateLabels(r.Labels); err != nil {
 		return err
 	}
 	if r.FromSnapshot != "" || r.CloneOf != "" {

@@ -1,9 +1,11 @@
 package volume
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +16,117 @@ import (
 
 	"github.com/sparsevol/sparsevol/internal/testutil"
 )
+
+// TestLabelsCheckedWhereSet: every call that sets labels refuses what
+// ValidateLabels refuses with ErrInvalid, changing nothing, and takes
+// labels at its bounds into a record that reads back as it was written.
+func TestLabelsCheckedWhereSet(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, Options{})
+	t.Cleanup(func() { s.DetachAll(DetachOptions{}) })
+	a := rawVolume(t, s, "a")
+	var stream bytes.Buffer
+	if _, err := s.Export(ctx, a.Name, &stream, StreamOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Each setter sets labels on what it names name and returns the labels
+	// that name's record then holds.
+	setters := []struct {
+		name string
+		set  func(name string, labels map[string]string) (map[string]string, error)
+	}{
+		{"create", func(name string, labels map[string]string) (map[string]string, error) {
+			v, err := s.Create(ctx, CreateRequest{Name: name, SizeBytes: MiB, Mode: ModeBlock, NoPartition: true, Labels: labels})
+			return volumeLabels(s, v, err)
+		}},
+		{"clone", func(name string, labels map[string]string) (map[string]string, error) {
+			v, err := s.Create(ctx, CreateRequest{Name: name, CloneOf: a.Name, Labels: labels})
+			return volumeLabels(s, v, err)
+		}},
+		{"import", func(name string, labels map[string]string) (map[string]string, error) {
+			v, err := s.Import(ctx, bytes.NewReader(stream.Bytes()), ImportRequest{Name: name, Labels: labels})
+			return volumeLabels(s, v, err)
+		}},
+		{"change", func(name string, labels map[string]string) (map[string]string, error) {
+			_, err := s.Change(a.Name, Change{Labels: labels})
+			return volumeLabels(s, a, err)
+		}},
+		{"snapshot", func(name string, labels map[string]string) (map[string]string, error) {
+			sns, err := s.CreateSnapshot(ctx, a.Name, name, SnapshotOptions{Labels: labels})
+			return snapshotLabels(s, []*Snapshot{sns}, err)
+		}},
+		{"group snapshot", func(name string, labels map[string]string) (map[string]string, error) {
+			sns, err := s.CreateSnapshotGroup(ctx, []string{a.Name}, name, SnapshotOptions{Labels: labels})
+			return snapshotLabels(s, sns, err)
+		}},
+	}
+	refused := []struct {
+		name   string
+		labels map[string]string
+	}{
+		{"escape in a value", map[string]string{"k": "a\x1b[2Jb"}},
+		{"newline in a key", map[string]string{"k\n": "v"}},
+		{"empty key", map[string]string{"": "v"}},
+		{"key too long", map[string]string{strings.Repeat("k", MaxLabelKeyLength+1): "v"}},
+		{"value too long", map[string]string{"k": strings.Repeat("v", MaxLabelValueLength+1)}},
+		{"too many", manyLabels(MaxLabels + 1)},
+	}
+	for _, set := range setters {
+		for _, tt := range refused {
+			t.Run(set.name+"/"+tt.name, func(t *testing.T) {
+				before := listing(t, s.Root())
+				if got, err := set.set("r", tt.labels); !errors.Is(err, ErrInvalid) {
+					t.Errorf("labels %v = %v; want ErrInvalid", got, err)
+				}
+				if after := listing(t, s.Root()); after != before {
+					t.Errorf("the refusal changed the store:\nbefore %s\nafter  %s", before, after)
+				}
+			})
+		}
+	}
+	for i, set := range setters {
+		t.Run(set.name+"/at the bounds", func(t *testing.T) {
+			want := boundLabels()
+			got, err := set.set(fmt.Sprintf("ok%d", i), want)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !maps.Equal(got, want) {
+				t.Errorf("the record holds labels %v; want %v", got, want)
+			}
+		})
+	}
+}
+
+// volumeLabels returns the labels of v's record, read anew, or err.
+func volumeLabels(s *Store, v *Volume, err error) (map[string]string, error) {
+	if err != nil {
+		return nil, err
+	}
+	if v, err = s.readMeta(v.UUID); err != nil {
+		return nil, err
+	}
+	return v.Labels, nil
+}
+
+// snapshotLabels returns the labels of the records of sns, read anew,
+// which must all hold the same, or err.
+func snapshotLabels(s *Store, sns []*Snapshot, err error) (map[string]string, error) {
+	if err != nil {
+		return nil, err
+	}
+	var labels map[string]string
+	for i, sn := range sns {
+		if sn, err = s.readSnapMeta(sn.UUID); err != nil {
+			return nil, err
+		}
+		if i > 0 && !maps.Equal(sn.Labels, labels) {
+			return nil, fmt.Errorf("snapshot %s holds labels %v, %s holds %v", sns[0].Name, labels, sn.Name, sn.Labels)
+		}
+		labels = sn.Labels
+	}
+	return labels, nil
+}
 
 // tmpfsStore opens a store on a tmpfs of size, unmounted at cleanup after
 // any loop device left on its files was detached and reported.

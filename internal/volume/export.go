@@ -167,6 +167,9 @@ func (s *Store) Import(ctx context.Context, r io.Reader, req ImportRequest) (*Vo
 	if err := ValidateName(req.Name); err != nil {
 		return nil, fmt.Errorf("import %s: %w", req.Name, err)
 	}
+	if err := ValidateLabels(req.Labels); err != nil {
+		return nil, fmt.Errorf("import %s: %w", req.Name, err)
+	}
 	if v, err := s.Get(req.Name); err == nil {
 		return nil, fmt.Errorf("import %s: name is taken by volume %s: %w", req.Name, v.UUID, ErrExists)
 	}

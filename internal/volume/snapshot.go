@@ -87,7 +87,7 @@ type SnapshotOptions struct {
 	// Progress, if set, is called as the copy proceeds (the copy path; a
 	// reflink is instant).
 	Progress func(done, total int64)
-	// Labels carry caller-owned annotations.
+	// Labels carry caller-owned annotations (ValidateLabels).
 	Labels map[string]string
 	group  string
 }
@@ -149,8 +149,8 @@ func (s *Store) readSnapMeta(uuid string) (*Snapshot, error) {
 // checkLayout's, with the sizes a record may hold (sizeKept), a state a
 // record holds (checkStoredState), the source volume's UUID (ValidUUID, as
 // every volume's), a group named as CreateSnapshotGroup names one (or
-// none), and a valid name. The error carries no error class; readSnapMeta
-// makes it ErrBroken.
+// none), labels as ValidateLabels admits them, and a valid name. The error
+// carries no error class; readSnapMeta makes it ErrBroken.
 func (sn *Snapshot) check() error {
 	if err := checkLayout(sn.Mode, sn.FSType, sn.Partitioned, sn.SizeBytes, sn.BlockSize, sizeKept); err != nil {
 		return err
@@ -165,6 +165,9 @@ func (sn *Snapshot) check() error {
 		if err := ValidateName(sn.Group); err != nil {
 			return fmt.Errorf("group: %w", unclassified(err))
 		}
+	}
+	if err := ValidateLabels(sn.Labels); err != nil {
+		return unclassified(err)
 	}
 	return unclassified(ValidateName(sn.Name))
 }
@@ -292,6 +295,9 @@ func (s *Store) CreateSnapshot(ctx context.Context, volumeRef, name string, opts
 	if err := ValidateName(name); err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", volumeRef, err)
 	}
+	if err := ValidateLabels(opts.Labels); err != nil {
+		return nil, fmt.Errorf("snapshot %s of %s: %w", name, volumeRef, err)
+	}
 	var out *Snapshot
 	err := s.withVolume(volumeRef, func(v *Volume) error {
 		sns, err := s.snapshotVolumes(ctx, []*Volume{v}, []string{name}, opts)
@@ -321,6 +327,9 @@ func groupPhrase(g string) string {
 func (s *Store) CreateSnapshotGroup(ctx context.Context, volumeRefs []string, name string, opts SnapshotOptions) ([]*Snapshot, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, fmt.Errorf("group snapshot: %w", err)
+	}
+	if err := ValidateLabels(opts.Labels); err != nil {
+		return nil, fmt.Errorf("group snapshot %s: %w", name, err)
 	}
 	if len(volumeRefs) == 0 {
 		return nil, fmt.Errorf("group snapshot %s: no volumes: %w", name, ErrInvalid)

@@ -428,8 +428,9 @@ func (s *Store) putMeta(v *Volume, flush fsutil.Flush) error {
 }
 
 // maxRecordSize bounds what a volume's or snapshot's metadata file may
-// hold when it is read: a record is well under a kilobyte, labels
-// included; anything far larger was not written by a store.
+// hold when it is read: a record is well under a kilobyte, and labels at
+// ValidateLabels' bounds, escaped, keep it below this; anything larger was
+// not written by a store.
 const maxRecordSize = 1 << 20
 
 // readMeta reads the metadata of the volume uuid. A missing file is
@@ -463,8 +464,8 @@ func (s *Store) readMeta(uuid string) (*Volume, error) {
 // acts on it (metadata files are hostile input): checkLayout's, with the
 // sizes a record may hold (sizeKept), a state a record holds
 // (checkStoredState), an expansion in progress to no less than the size,
-// and a valid name. The error carries no error class; readMeta makes it
-// ErrBroken.
+// labels as ValidateLabels admits them, and a valid name. The error
+// carries no error class; readMeta makes it ErrBroken.
 func (v *Volume) check() error {
 	if err := checkLayout(v.Mode, v.FSType, v.Partitioned, v.SizeBytes, v.BlockSize, sizeKept); err != nil {
 		return err
@@ -474,6 +475,9 @@ func (v *Volume) check() error {
 	}
 	if v.ExpandingTo != 0 && (v.ExpandingTo < v.SizeBytes || v.ExpandingTo > maxSize || v.ExpandingTo%512 != 0) {
 		return fmt.Errorf("expanding to %d is not a multiple of 512 bytes from the size %d up to %s", v.ExpandingTo, v.SizeBytes, FormatSize(maxSize+1))
+	}
+	if err := ValidateLabels(v.Labels); err != nil {
+		return unclassified(err)
 	}
 	return unclassified(ValidateName(v.Name))
 }

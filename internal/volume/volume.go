@@ -12,13 +12,16 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/big"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/sparsevol/sparsevol/internal/loop"
@@ -67,6 +70,58 @@ const (
 // is not sparsevol's units: the CSI driver sets it on its volumes (the
 // kubelet stages them), and `sparsevol doctor` expects no unit for them.
 const LabelManagedBy = "sparsevol.io/managed-by"
+
+// Bounds of the labels a volume or snapshot carries (ValidateLabels).
+const (
+	MaxLabels           = 64
+	MaxLabelKeyLength   = 253
+	MaxLabelValueLength = 1024
+)
+
+// ValidateLabels checks the labels of a volume or snapshot: the one rule
+// for them where they are set (create, import, change, snapshot) and in a
+// record. There are at most MaxLabels; a key is not empty and at most
+// MaxLabelKeyLength bytes, a value at most MaxLabelValueLength bytes;
+// both are UTF-8 of printable characters only (unicode.IsPrint: no
+// control, format or bidirectional characters, no space but U+0020), so
+// a label shown or logged cannot rewrite a terminal. An empty value is
+// allowed (Change takes it for a removal). Errors wrap ErrInvalid.
+func ValidateLabels(labels map[string]string) error {
+	if len(labels) > MaxLabels {
+		return fmt.Errorf("%d labels, at most %d allowed: %w", len(labels), MaxLabels, ErrInvalid)
+	}
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		val := labels[k]
+		switch {
+		case k == "":
+			return fmt.Errorf("a label key is empty: %w", ErrInvalid)
+		case len(k) > MaxLabelKeyLength:
+			return fmt.Errorf("label key %s is %d bytes, at most %d allowed: %w", quoteName(k), len(k), MaxLabelKeyLength, ErrInvalid)
+		case len(val) > MaxLabelValueLength:
+			return fmt.Errorf("label %s: value is %d bytes, at most %d allowed: %w", quoteName(k), len(val), MaxLabelValueLength, ErrInvalid)
+		}
+		if i := unprintable(k); i >= 0 {
+			return fmt.Errorf("label key %s contains %s: %w", quoteName(k), describeByte(k, i), ErrInvalid)
+		}
+		if i := unprintable(val); i >= 0 {
+			return fmt.Errorf("label %s: value %s contains %s: %w", quoteName(k), quoteName(val), describeByte(val, i), ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// unprintable is the byte offset in s of the first character that is not
+// UTF-8 or not printable (unicode.IsPrint), or -1 if there is none.
+func unprintable(s string) int {
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size <= 1 || !unicode.IsPrint(r) {
+			return i
+		}
+		i += size
+	}
+	return -1
+}
 
 // State records how far a volume's lifecycle got, so that a crash at any
 // step is finished or cleaned up by the next run.

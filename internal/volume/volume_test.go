@@ -1,7 +1,9 @@
 package volume
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -118,6 +120,89 @@ func TestValidateNameLengthMessage(t *testing.T) {
 	err := ValidateName(strings.Repeat("n", 254))
 	if err == nil || !strings.Contains(err.Error(), "254 characters") {
 		t.Fatalf("ValidateName(254 x n) = %v, want it to say 254 characters", err)
+	}
+}
+
+// manyLabels returns n labels, each key and value distinct and valid.
+func manyLabels(n int) map[string]string {
+	labels := make(map[string]string, n)
+	for i := range n {
+		labels[fmt.Sprintf("example.com/k%d", i)] = fmt.Sprintf("v%d", i)
+	}
+	return labels
+}
+
+// boundLabels returns MaxLabels labels, one with a key and one with a value
+// of the longest length allowed.
+func boundLabels() map[string]string {
+	labels := manyLabels(MaxLabels - 2)
+	labels[strings.Repeat("k", MaxLabelKeyLength)] = "v"
+	labels["long"] = strings.Repeat("v", MaxLabelValueLength)
+	return labels
+}
+
+func TestValidateLabels(t *testing.T) {
+	tests := []struct {
+		name   string
+		labels map[string]string
+		ok     bool
+	}{
+		{"none", nil, true},
+		{"the CSI driver's", map[string]string{
+			"sparsevol.io/csi-name": strings.Repeat("n", MaxNameLength), "sparsevol.io/managed-by": "csi",
+			"sparsevol.io/provisioning": "thin", "sparsevol.io/discard": "true"}, true},
+		{"empty value", map[string]string{"k": ""}, true},
+		{"space and non-ASCII letters", map[string]string{"owner name": "Zoë Ünal"}, true},
+		{"at the bounds", boundLabels(), true},
+		{"too many", manyLabels(MaxLabels + 1), false},
+		{"empty key", map[string]string{"": "v"}, false},
+		{"key too long", map[string]string{strings.Repeat("k", MaxLabelKeyLength+1): "v"}, false},
+		{"value too long", map[string]string{"k": strings.Repeat("v", MaxLabelValueLength+1)}, false},
+		{"escape in a value", map[string]string{"k": "a\x1b[2Jb"}, false},
+		{"newline in a key", map[string]string{"k\n": "v"}, false},
+		{"NUL in a value", map[string]string{"k": "a\x00"}, false},
+		{"DEL in a key", map[string]string{"k\x7f": "v"}, false},
+		{"C1 control in a value", map[string]string{"k": "a\u0085b"}, false},
+		{"bidirectional override in a value", map[string]string{"k": "a\u202eb"}, false},
+		{"zero-width space in a key", map[string]string{"a\u200bb": "v"}, false},
+		{"tab in a value", map[string]string{"k": "a\tb"}, false},
+		{"not UTF-8", map[string]string{"k": "a\xffb"}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := ValidateLabels(tt.labels)
+			if (err == nil) != tt.ok {
+				t.Fatalf("ValidateLabels = %v, want ok=%v", err, tt.ok)
+			}
+			if err != nil && !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v is not ErrInvalid", err)
+			}
+			if err != nil && strings.ContainsFunc(err.Error(), func(r rune) bool { return r < ' ' || r > '~' }) {
+				t.Fatalf("error %q holds a character beyond printable ASCII", err)
+			}
+		})
+	}
+}
+
+// TestLabelsFitARecord: a record holding labels at ValidateLabels' bounds,
+// of characters JSON escapes, stays below maxRecordSize, so it is read.
+func TestLabelsFitARecord(t *testing.T) {
+	labels := map[string]string{}
+	for i := range MaxLabels {
+		key := fmt.Sprintf("%d", i)
+		key += strings.Repeat("<", MaxLabelKeyLength-len(key))
+		labels[key] = strings.Repeat("&", MaxLabelValueLength)
+	}
+	if err := ValidateLabels(labels); err != nil {
+		t.Fatal(err)
+	}
+	v := Volume{Name: "v", UUID: NewUUID(), Labels: labels}
+	data, err := json.MarshalIndent(&v, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(data) >= maxRecordSize {
+		t.Errorf("the record is %d bytes, not below %d", len(data), maxRecordSize)
 	}
 }
 
