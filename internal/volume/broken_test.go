@@ -250,8 +250,8 @@ var snapshotFieldCorruptions = []fieldCorruption{
 
 // TestSnapshotRecordFieldsChecked: a snapshot record with a field no store
 // writes is listed as broken, with the reason; a restore from it is
-// refused and changes nothing (no volume, no loop device: newStore's
-// cleanup checks), and DeleteSnapshot removes it.
+// refused as ErrBroken and changes nothing (no volume, no loop device:
+// newStore's cleanup checks), and DeleteSnapshot removes it.
 func TestSnapshotRecordFieldsChecked(t *testing.T) {
 	for _, tt := range slices.Concat(fieldCorruptions, snapshotFieldCorruptions) {
 		t.Run(tt.name, func(t *testing.T) {
@@ -267,8 +267,8 @@ func TestSnapshotRecordFieldsChecked(t *testing.T) {
 			corruptRecord(t, path, tt.field, tt.value)
 
 			before := listing(t, s.Root())
-			if v, err := s.Create(ctx, CreateRequest{Name: "r0", FromSnapshot: sn.UUID}); !errors.Is(err, ErrNotReady) {
-				t.Errorf("restore from the snapshot = %+v, %v; want ErrNotReady", v, err)
+			if v, err := s.Create(ctx, CreateRequest{Name: "r0", FromSnapshot: sn.UUID}); !errors.Is(err, ErrBroken) {
+				t.Errorf("restore from the snapshot = %+v, %v; want ErrBroken", v, err)
 			}
 			if after := listing(t, s.Root()); after != before {
 				t.Errorf("the refused restore changed the store:\nbefore %s\nafter  %s", before, after)
@@ -297,8 +297,9 @@ func TestSnapshotRecordFieldsChecked(t *testing.T) {
 }
 
 // TestVolumeRecordFieldsChecked: a volume record with a field no store
-// writes is listed as broken, with the reason, refused by attach, and
-// removed by Delete with its backing file, leaving no loop device.
+// writes is listed as broken, with the reason, refused by attach and as
+// the source of a clone (changing nothing), and removed by Delete with
+// its backing file, leaving no loop device.
 func TestVolumeRecordFieldsChecked(t *testing.T) {
 	for _, tt := range fieldCorruptions {
 		t.Run(tt.name, func(t *testing.T) {
@@ -322,6 +323,13 @@ func TestVolumeRecordFieldsChecked(t *testing.T) {
 			}
 			if _, err := s.Attach(ctx, v.UUID); !errors.Is(err, ErrBroken) {
 				t.Errorf("Attach of the broken volume: %v; want ErrBroken", err)
+			}
+			before := listing(t, s.Root())
+			if c, err := s.Create(ctx, CreateRequest{Name: "c0", CloneOf: v.UUID}); !errors.Is(err, ErrBroken) {
+				t.Errorf("clone of the broken volume = %+v, %v; want ErrBroken", c, err)
+			}
+			if after := listing(t, s.Root()); after != before {
+				t.Errorf("the refused clone changed the store:\nbefore %s\nafter  %s", before, after)
 			}
 			if err := s.Delete(ctx, v.UUID, DetachOptions{}); err != nil {
 				t.Fatalf("Delete(broken): %v", err)

@@ -56,7 +56,8 @@ func (r *CreateRequest) normalizeSourced() error {
 
 // resolveSource finds the request's source (ready) and fills the layout
 // and size from it; a mode, filesystem or size that does not fit it is
-// ErrInvalid. Requests without a source are left alone.
+// ErrInvalid, a source whose record is broken ErrBroken. Requests without
+// a source are left alone.
 func (s *Store) resolveSource(r *CreateRequest) error {
 	var src source
 	var mode Mode
@@ -68,6 +69,12 @@ func (s *Store) resolveSource(r *CreateRequest) error {
 		if err != nil {
 			return err
 		}
+		if sn.State == StateBroken {
+			// A listing's stand-in: its record says why (ErrBroken).
+			if sn, err = s.readSnapMeta(sn.UUID); err != nil {
+				return err
+			}
+		}
 		if sn.State != StateReady {
 			return fmt.Errorf("snapshot %s: state %s: %w", sn.Name, sn.State, ErrNotReady)
 		}
@@ -77,6 +84,12 @@ func (s *Store) resolveSource(r *CreateRequest) error {
 		v, err := s.Get(r.CloneOf)
 		if err != nil {
 			return err
+		}
+		if v.State == StateBroken {
+			// Get's stand-in: its record says why (ErrBroken).
+			if v, err = s.readMeta(v.UUID); err != nil {
+				return err
+			}
 		}
 		if v.State != StateReady || v.ExpandingTo != 0 {
 			return fmt.Errorf("volume %s: state %s: %w", v.Name, stateOf(v), ErrNotReady)
