@@ -89,16 +89,11 @@ func (u usesOf) owns(m *mountinfo.Info) bool {
 // all returns every use.
 func (u usesOf) all() []string { return append(append([]string{}, u.fsMounts...), u.nodeBind...) }
 
-// samePath compares paths after resolving symlinks where possible.
+// samePath compares a node path with a path of the mount table. Neither
+// needs resolving: node paths hold no link (checkNodePath), and the
+// kernel spells mount points resolved.
 func samePath(a, b string) bool {
-	return canonical(a) == canonical(b)
-}
-
-func canonical(p string) string {
-	if r, err := filepath.EvalSymlinks(p); err == nil {
-		return r
-	}
-	return filepath.Clean(p)
+	return filepath.Clean(a) == filepath.Clean(b)
 }
 
 func containsPath(list []string, p string) bool {
@@ -150,10 +145,10 @@ func topMountIn(infos []*mountinfo.Info, path string) (*mountinfo.Info, bool) {
 // now where it read none.
 func (u usesOf) isMountPoint(path string) (bool, error) {
 	if u.table == nil {
-		_, ok, err := topMount(canonical(path))
+		_, ok, err := topMount(path)
 		return ok, err
 	}
-	_, ok := topMountIn(u.table, canonical(path))
+	_, ok := topMountIn(u.table, path)
 	return ok, nil
 }
 

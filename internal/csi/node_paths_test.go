@@ -23,6 +23,9 @@ func TestCheckNodePath(t *testing.T) {
 	if err := os.Symlink(outside, filepath.Join(kubelet, "pods", "link")); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.Symlink(filepath.Join(outside, "missing"), filepath.Join(kubelet, "pods", "dangling")); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(filepath.Join(kubelet, "file"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -44,6 +47,10 @@ func TestCheckNodePath(t *testing.T) {
 		{"a sibling sharing the prefix", kubelet + "x/pods", false},
 		{"symlink component", filepath.Join(kubelet, "pods", "link", "mount"), false},
 		{"symlink last", filepath.Join(kubelet, "pods", "link"), false},
+		{"symlink component, more missing below", filepath.Join(kubelet, "pods", "link", "x", "y", "mount"), false},
+		{"dangling symlink component", filepath.Join(kubelet, "pods", "dangling", "mount"), false},
+		{"dangling symlink last", filepath.Join(kubelet, "pods", "dangling"), false},
+		{"an existing regular file", filepath.Join(kubelet, "file"), true},
 		{"below a file", filepath.Join(kubelet, "file", "mount"), false},
 	}
 	for _, tc := range tests {
@@ -56,6 +63,76 @@ func TestCheckNodePath(t *testing.T) {
 				t.Fatalf("checkNodePath(%q) = %v, want ErrInvalid", tc.path, err)
 			}
 		})
+	}
+}
+
+// TestOpenNodePath: the walk makes what is missing below the deepest
+// existing directory, opens what is there, and refuses a link anywhere
+// on the way without making anything behind it.
+func TestOpenNodePath(t *testing.T) {
+	kubelet := t.TempDir()
+	outside := t.TempDir()
+	for _, d := range []string{"pods/a", "pods/file-parent"} {
+		if err := os.MkdirAll(filepath.Join(kubelet, d), 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(kubelet, "pods/file-parent/mount"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(kubelet, "pods", "link")); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, path string
+		end        pathEnd
+		wantMode   uint32 // 0: refused with ErrInvalid
+	}{
+		{"directories made below an existing one", "pods/a/b/c/mount", makeDir, unix.S_IFDIR},
+		{"a file made below new directories", "pods/new/volumes/dev", makeFile, unix.S_IFREG},
+		{"an existing file", "pods/file-parent/mount", makeFile, unix.S_IFREG},
+		{"an existing directory", "pods/a", existing, unix.S_IFDIR},
+		{"a file where a directory is made", "pods/file-parent/mount", makeDir, 0},
+		{"a link on the way", "pods/link/b/mount", makeDir, 0},
+		{"a link at the end", "pods/link", makeDir, 0},
+		{"a link at the end, existing", "pods/link", existing, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			fd, err := openNodePath(filepath.Join(kubelet, tc.path), tc.end)
+			if tc.wantMode == 0 {
+				if err == nil {
+					unix.Close(fd)
+				}
+				if !errors.Is(err, volume.ErrInvalid) {
+					t.Fatalf("openNodePath(%s) = %v, want ErrInvalid", tc.path, err)
+				}
+				if entries, _ := os.ReadDir(outside); len(entries) != 0 {
+					t.Fatalf("made %v behind the link", entries)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("openNodePath(%s): %v", tc.path, err)
+			}
+			defer unix.Close(fd)
+			var st, want unix.Stat_t
+			if err := unix.Fstat(fd, &st); err != nil {
+				t.Fatal(err)
+			}
+			if err := unix.Lstat(filepath.Join(kubelet, tc.path), &want); err != nil {
+				t.Fatal(err)
+			}
+			if st.Mode&unix.S_IFMT != tc.wantMode || st.Ino != want.Ino || st.Dev != want.Dev {
+				t.Fatalf("fd is on mode %#o inode %d, want mode %#o, the inode %d at the path", st.Mode, st.Ino, tc.wantMode, want.Ino)
+			}
+		})
+	}
+	if _, err := openNodePath(filepath.Join(kubelet, "pods/missing/mount"), existing); !errors.Is(err, unix.ENOENT) {
+		t.Fatalf("openNodePath of a missing path, nothing made: %v, want ENOENT", err)
+	}
+	if _, err := os.Lstat(filepath.Join(kubelet, "pods/missing")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a walk that makes nothing made pods/missing: %v", err)
 	}
 }
 

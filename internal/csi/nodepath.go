@@ -23,9 +23,10 @@ const (
 )
 
 // openNodePath opens the node path p (checkNodePath's rules hold for it)
-// with O_PATH, walking it from "/" one component at a time in the
-// directory opened before, without following any link: what is mounted on
-// the fd, or bound from it, is what the walk saw, whatever is renamed or
+// with O_PATH, without following any link: its deepest existing
+// directory in one lookup that follows none (openAncestor), then each
+// name below it in the directory opened before. What is mounted on the
+// fd, or bound from it, is what the lookup saw, whatever is renamed or
 // swapped for a link meanwhile. Missing directories above the end are
 // made (mode 0750) unless end is existing. The caller closes the fd.
 //
@@ -34,18 +35,20 @@ const (
 // where a regular file is), is ErrInvalid and left as it is: nothing
 // found there is opened for I/O.
 func openNodePath(p string, end pathEnd) (int, error) {
-	parts := strings.Split(strings.TrimPrefix(p, "/"), "/")
-	dir, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	parts := components(p)
+	dir, i, err := openAncestor(parts[:len(parts)-1])
 	if err != nil {
-		return -1, fmt.Errorf("open /: %w", err)
+		return -1, err
 	}
-	for i, c := range parts {
-		last := i == len(parts)-1
+	if i < len(parts)-1 && end == existing {
+		unix.Close(dir)
+		return -1, fmt.Errorf("%s: %w", "/"+strings.Join(parts[:i+1], "/"), unix.ENOENT)
+	}
+	for ; i < len(parts); i++ {
+		c := parts[i]
 		var fd int
 		switch {
-		case !last:
-			fd, err = openDirAt(dir, c, end != existing)
-		case end == makeDir:
+		case i < len(parts)-1 || end == makeDir:
 			fd, err = openDirAt(dir, c, true)
 		case end == makeFile:
 			fd, err = openFileAt(dir, c)
@@ -57,11 +60,7 @@ func openNodePath(p string, end pathEnd) (int, error) {
 		}
 		unix.Close(dir)
 		if err != nil {
-			cur := "/" + strings.Join(parts[:i+1], "/")
-			if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
-				return -1, fmt.Errorf("%s is a symbolic link or not a directory: %w", cur, volume.ErrInvalid)
-			}
-			return -1, fmt.Errorf("%s: %w", cur, err)
+			return -1, noLinkError("/"+strings.Join(parts[:i+1], "/"), err)
 		}
 		dir = fd
 	}
@@ -69,6 +68,54 @@ func openNodePath(p string, end pathEnd) (int, error) {
 		nodePathRace(p)
 	}
 	return dir, nil
+}
+
+// components splits the absolute, clean path p into its names ("/" has
+// none).
+func components(p string) []string {
+	if p == "/" {
+		return nil
+	}
+	return strings.Split(strings.TrimPrefix(p, "/"), "/")
+}
+
+// openNoLinks opens the absolute path p with O_PATH (and flags) in one
+// lookup in which the kernel follows no link, at any component, the last
+// included (openat2, RESOLVE_NO_SYMLINKS): a link on the way is ELOOP.
+// The caller closes the fd.
+func openNoLinks(p string, flags int) (int, error) {
+	return unix.Openat2(unix.AT_FDCWD, p, &unix.OpenHow{
+		Flags:   uint64(unix.O_PATH | unix.O_CLOEXEC | flags),
+		Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
+}
+
+// openAncestor opens, as openNoLinks does, the deepest directory that
+// exists among "/" and the paths /parts[0]/…/parts[n-1], trying the
+// longest first, and returns it with n: the names below it, parts[n:],
+// did not exist when it looked. A link or a non-directory on the way is
+// ErrInvalid. The caller closes the fd.
+func openAncestor(parts []string) (fd, n int, err error) {
+	for n = len(parts); n >= 0; n-- {
+		p := "/" + strings.Join(parts[:n], "/")
+		fd, err = openNoLinks(p, unix.O_DIRECTORY)
+		if err == nil {
+			return fd, n, nil
+		}
+		if !errors.Is(err, unix.ENOENT) {
+			return -1, 0, noLinkError(p, err)
+		}
+	}
+	return -1, 0, fmt.Errorf("open /: %w", err)
+}
+
+// noLinkError is the error of a no-follow lookup of p that failed with
+// err: ErrInvalid where a link or a non-directory was in the way.
+func noLinkError(p string, err error) error {
+	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+		return fmt.Errorf("%s: a component is a symbolic link, or not a directory: %w", p, volume.ErrInvalid)
+	}
+	return fmt.Errorf("%s: %w", p, err)
 }
 
 // openNodeParent opens the directory of the node path p as openNodePath

@@ -3,8 +3,6 @@ package csi
 import (
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"strings"
 
@@ -43,27 +41,25 @@ func checkNodePath(kubeletDir, field, p string) error {
 	return nil
 }
 
-// noSymlinks checks each existing component of the absolute, clean path p
-// with lstat and fails (ErrInvalid) at the first symbolic link or at a
-// component below a non-directory.
+// noSymlinks checks the existing part of the absolute, clean path p and
+// fails (ErrInvalid) where a component of it is a symbolic link or one
+// that is not the last is not a directory. The kernel checks each
+// component in one lookup that follows no link (openNoLinks); where p
+// does not exist, its deepest existing directory is checked so
+// (openAncestor).
 func noSymlinks(p string) error {
-	cur := ""
-	for _, c := range strings.Split(strings.TrimPrefix(p, "/"), "/") {
-		if c == "" {
-			continue
-		}
-		cur += "/" + c
-		fi, err := os.Lstat(cur)
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-			return nil
-		case errors.Is(err, unix.ENOTDIR):
-			return fmt.Errorf("%s is below a file that is not a directory: %w", cur, volume.ErrInvalid)
-		case err != nil:
-			return fmt.Errorf("lstat %s: %w", cur, err)
-		case fi.Mode()&fs.ModeSymlink != 0:
-			return fmt.Errorf("%s is a symbolic link: %w", cur, volume.ErrInvalid)
-		}
+	fd, err := openNoLinks(p, 0)
+	if err == nil {
+		unix.Close(fd)
+		return nil
 	}
+	if !errors.Is(err, unix.ENOENT) {
+		return noLinkError(p, err)
+	}
+	fd, _, err = openAncestor(components(filepath.Dir(p)))
+	if err != nil {
+		return err
+	}
+	unix.Close(fd)
 	return nil
 }
