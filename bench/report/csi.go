@@ -116,6 +116,14 @@ func (b *csiBench) podStart(ctx context.Context, name, fsType string, size int64
 	id := cr.GetVolume().GetVolumeId()
 	staging := filepath.Join(b.kubelet, "plugins/kubernetes.io/csi/sparsevol.csi.io", name, "globalmount")
 	target := filepath.Join(b.kubelet, "pods", name, "volumes/kubernetes.io~csi/pv/mount")
+	// kubelet makes the parent directories of both paths, and writes its
+	// vol_data.json there, before it calls the driver: not the driver's
+	// time.
+	for _, p := range []string{staging, target} {
+		if err := os.MkdirAll(filepath.Dir(p), 0o750); err != nil {
+			return podStart{}, err
+		}
+	}
 	start = time.Now()
 	_, err = b.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: c})
 	p.stage = time.Since(start)
