@@ -284,7 +284,7 @@ func (s *Store) growDevice(ctx context.Context, v *Volume, fileOnly bool) error 
 	if v.Partitioned {
 		return s.growPartition(ctx, v, dev)
 	}
-	return s.growFS(ctx, v, dev.Path)
+	return s.growFS(ctx, v, held.Device)
 }
 
 // growPartition moves the GPT backup header to the new end and recreates
@@ -315,13 +315,16 @@ func (s *Store) growPartition(ctx context.Context, v *Volume, dev *loop.Device) 
 	return nil
 }
 
-// growFS grows the filesystem on device: online at its mount point
-// (resize2fs on the device for ext4, xfs_growfs on the mount point for
-// XFS); offline for an unmounted ext4 (e2fsck, then resize2fs: no
-// capability beyond access to the device needed); through a private
-// temporary mount for an unmounted XFS, which only grows mounted. The
-// tools run as every program the store runs: dying with the CLI.
-func (s *Store) growFS(ctx context.Context, v *Volume, device string) error {
+// growFS grows the filesystem on dev (held and proven v's by the caller):
+// online where it is mounted (resize2fs on the device for ext4; for XFS
+// the grow ioctl on the mount point, opened and proven on dev by
+// openMountOf, never a path a tool looks up again); offline for an
+// unmounted ext4 (e2fsck, then resize2fs: no capability beyond access to
+// the device needed); through a private temporary mount for an unmounted
+// XFS, which only grows mounted. The tools run as every program the
+// store runs: dying with the CLI.
+func (s *Store) growFS(ctx context.Context, v *Volume, dev *loop.Device) error {
+	device := dev.Path
 	mounts, err := loop.MountPoints(device)
 	if err != nil {
 		return fmt.Errorf("expand %s: %w", v.Name, err)
@@ -341,8 +344,11 @@ func (s *Store) growFS(ctx context.Context, v *Volume, device string) error {
 	case v.FSType != "xfs":
 		return fmt.Errorf("expand %s: sparsevol grows ext4 and xfs, not %q", v.Name, v.FSType)
 	case len(mounts) > 0:
-		if _, err := s.run.run(ctx, "xfs_growfs", "-d", mounts[0]); err != nil {
-			return fmt.Errorf("expand %s: %w", v.Name, err)
+		if growMountRace != nil {
+			growMountRace(mounts[0])
+		}
+		if err := growMountedXFS(dev, mounts[0]); err != nil {
+			return fmt.Errorf("expand %s: grow the filesystem at %s: %w", v.Name, mounts[0], err)
 		}
 		return nil
 	}
@@ -355,6 +361,31 @@ func (s *Store) growFS(ctx context.Context, v *Volume, device string) error {
 		return fmt.Errorf("expand %s: %w", v.Name, err)
 	}
 	return nil
+}
+
+// growMountRace, when a test sets it, runs between the mount table's
+// answer and the opening of the mount point it gave: where a hostile
+// writer of a directory on the way would swap it.
+var growMountRace func(mountpoint string)
+
+// growMountedXFS grows the XFS filesystem on dev, mounted at mountpoint
+// (from the mount table), to the size of dev, through a descriptor of the
+// mount point proven to be on dev (openMountOf), which it closes again.
+func growMountedXFS(dev *loop.Device, mountpoint string) error {
+	devnum, err := dev.DevT()
+	if err != nil {
+		return err
+	}
+	size, err := loop.Size(dev.Path)
+	if err != nil {
+		return err
+	}
+	fd, err := openMountOf(mountpoint, devnum)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return growXFSData(fd, size)
 }
 
 // tempMount mounts v's filesystem on device (held by the caller, who holds

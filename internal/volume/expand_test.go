@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -254,4 +255,117 @@ func TestTempMountSwapped(t *testing.T) {
 	if v, err := s.Expand(ctx, "x", 320<<20, ExpandOptions{}); err != nil || v.SizeBytes != 320<<20 {
 		t.Errorf("the expansion once the link is gone: %+v, %v", v, err)
 	}
+}
+
+// TestGrowMountedXFSSwapped: an online XFS expansion whose mount point,
+// as the mount table gave it, leads elsewhere by the time it is used (a
+// hostile writer swapped a directory on the way) grows no filesystem but
+// the volume's: it is refused as unsafe, the filesystem the path leads to
+// keeps its size although its device has grown, and once the path is
+// back the expansion finishes online.
+func TestGrowMountedXFSSwapped(t *testing.T) {
+	const size, grown = 300 << 20, 320 << 20
+	tests := []struct {
+		name string
+		// swap puts something at dir, the directory holding the volume's
+		// mount point mnt, which was moved away; other is the directory
+		// holding the other volume's mount point mnt.
+		swap func(dir, other string) error
+	}{
+		{"link to another XFS", func(dir, other string) error { return os.Symlink(other, dir) }},
+		{"plain directory", func(dir, _ string) error { return os.MkdirAll(filepath.Join(dir, "mnt"), 0o700) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			s := newStore(t, Options{})
+			t.Cleanup(func() { s.DetachAll(DetachOptions{}) })
+			base := t.TempDir()
+			dir, other := filepath.Join(base, "x"), filepath.Join(base, "other")
+			for _, name := range []string{"x", "other"} {
+				mountXFSVolume(t, s, name, size, filepath.Join(base, name, "mnt"))
+			}
+			// The other filesystem could grow: its device has.
+			if _, err := s.Expand(ctx, "other", grown, ExpandOptions{FileOnly: true}); err != nil {
+				t.Fatal(err)
+			}
+			otherBlocks := fsBlocks(t, filepath.Join(other, "mnt"))
+
+			moved := dir + ".moved"
+			restore := func() {
+				if _, err := os.Lstat(moved); err != nil {
+					return
+				}
+				if err := os.RemoveAll(dir); err != nil {
+					t.Error(err)
+				}
+				if err := os.Rename(moved, dir); err != nil {
+					t.Error(err)
+				}
+			}
+			t.Cleanup(restore)
+			raced := false
+			growMountRace = func(mountpoint string) {
+				raced = true
+				if mountpoint != filepath.Join(dir, "mnt") {
+					t.Errorf("growing at %s, want %s/mnt", mountpoint, dir)
+				}
+				if err := os.Rename(dir, moved); err != nil {
+					t.Error(err)
+				}
+				if err := tt.swap(dir, other); err != nil {
+					t.Error(err)
+				}
+			}
+			t.Cleanup(func() { growMountRace = nil })
+			_, err := s.Expand(ctx, "x", grown, ExpandOptions{})
+			growMountRace = nil
+			if !raced {
+				t.Fatalf("Expand = %v without growing online: the race was never run", err)
+			}
+			if !errors.Is(err, ErrUnsafe) {
+				t.Errorf("Expand with its mount point swapped = %v, want ErrUnsafe", err)
+			}
+			if got := fsBlocks(t, filepath.Join(other, "mnt")); got != otherBlocks {
+				t.Errorf("the other filesystem went from %d to %d blocks", otherBlocks, got)
+			}
+
+			restore()
+			xBlocks := fsBlocks(t, filepath.Join(dir, "mnt"))
+			if v, err := s.Expand(ctx, "x", grown, ExpandOptions{}); err != nil || v.SizeBytes != grown {
+				t.Fatalf("the expansion once the path is back: %+v, %v", v, err)
+			}
+			if got := fsBlocks(t, filepath.Join(dir, "mnt")); got <= xBlocks {
+				t.Errorf("the volume's filesystem has %d blocks after the expansion, %d before", got, xBlocks)
+			}
+		})
+	}
+}
+
+// mountXFSVolume creates an attached XFS volume name of size bytes and
+// mounts it at mnt, made with its parents, until cleanup.
+func mountXFSVolume(t *testing.T, s *Store, name string, size int64, mnt string) {
+	t.Helper()
+	mustCreate(t, s, CreateRequest{Name: name, SizeBytes: size, FSType: "xfs", KeepAttached: true})
+	st, err := s.Status(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(st.DataDevice, mnt, "xfs", 0, ""); err != nil {
+		t.Fatalf("mount %s: %v", st.DataDevice, err)
+	}
+	t.Cleanup(func() { unmountEventually(t, mnt) })
+}
+
+// fsBlocks is the size of the filesystem mounted at dir, in its blocks.
+func fsBlocks(t *testing.T, dir string) uint64 {
+	t.Helper()
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(dir, &sfs); err != nil {
+		t.Fatal(err)
+	}
+	return sfs.Blocks
 }
