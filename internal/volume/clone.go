@@ -261,7 +261,7 @@ func (s *Store) finishCopy(ctx context.Context, v *Volume, dev *loop.Device, src
 	}
 	switch {
 	case !src.keepIdentity:
-		err = s.newIdentity(ctx, v, dev.Path)
+		err = s.newIdentity(ctx, v, held.Device)
 	case v.Mode == ModeFilesystem || v.Partitioned:
 		// The copy keeps its identity: it must be the one v's UUID (the
 		// header's, which uuidFree found unused here) names. A stream's

@@ -352,10 +352,13 @@ func (s *Store) growFS(ctx context.Context, v *Volume, dev *loop.Device) error {
 		}
 		return nil
 	}
-	err = s.tempMount(v, device, "", func(dir string) error {
+	err = s.tempMount(v, dev, "", func(fd int) error {
 		crashPoint("expand:mounted")
-		_, err := s.run.run(ctx, "xfs_growfs", "-d", dir)
-		return err
+		size, err := loop.Size(device)
+		if err != nil {
+			return err
+		}
+		return growXFSData(fd, size)
 	})
 	if err != nil {
 		return fmt.Errorf("expand %s: %w", v.Name, err)
@@ -388,12 +391,18 @@ func growMountedXFS(dev *loop.Device, mountpoint string) error {
 	return growXFSData(fd, size)
 }
 
-// tempMount mounts v's filesystem on device (held by the caller, who holds
+// tempMount mounts v's filesystem on dev (held by the caller, who holds
 // v's lock) with the mount data given, privately below the store's lock
-// directory, runs fn with the mount point and unmounts it again. A crash
-// leaves the mount to cleanupTempMount, which every operation on v runs.
-// Nothing is mounted by a path that could be swapped: see mountTempRoot.
-func (s *Store) tempMount(v *Volume, device, data string, fn func(dir string) error) error {
+// directory, runs fn with a descriptor of its root, proven on dev
+// (openMountOf), which tempMount closes when fn returns, and unmounts it
+// again. A crash leaves the mount to cleanupTempMount, which every
+// operation on v runs. Nothing is mounted by a path that could be
+// swapped: see mountTempRoot.
+func (s *Store) tempMount(v *Volume, dev *loop.Device, data string, fn func(fd int) error) error {
+	devnum, err := dev.DevT()
+	if err != nil {
+		return err
+	}
 	s.cleanupTempMount(v)
 	defer s.cleanupTempMount(v)
 	root, err := s.mountTempRoot(v)
@@ -401,9 +410,10 @@ func (s *Store) tempMount(v *Volume, device, data string, fn func(dir string) er
 		return err
 	}
 	defer unix.Close(root)
-	// The filesystem goes on a directory of the private tmpfs, its own
-	// because xfs_growfs finds the filesystem by looking its path up in
-	// the mount table.
+	// The filesystem goes on a directory of the private tmpfs: opened
+	// by its name in the tmpfs root's descriptor (a lookup that enters
+	// the mount), and unmounted by that name, the tmpfs left to
+	// cleanupTempMount.
 	fsDir := filepath.Join(s.tempMountDir(v), "fs")
 	if err := unix.Mkdirat(root, "fs", 0o700); err != nil {
 		return &os.PathError{Op: "mkdir", Path: fsDir, Err: err}
@@ -412,12 +422,21 @@ func (s *Store) tempMount(v *Volume, device, data string, fn func(dir string) er
 	if err != nil {
 		return &os.PathError{Op: "open", Path: fsDir, Err: err}
 	}
-	err = unix.Mount(device, procFD(at), v.FSType, unix.MS_NOATIME|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, data)
+	err = unix.Mount(dev.Path, procFD(at), v.FSType, unix.MS_NOATIME|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, data)
 	unix.Close(at)
 	if err != nil {
-		return fmt.Errorf("temporary mount of %s: %w", device, err)
+		return fmt.Errorf("temporary mount of %s: %w", dev.Path, err)
 	}
-	if err := fn(fsDir); err != nil {
+	if tempMountedRace != nil {
+		tempMountedRace(fsDir)
+	}
+	fd, err := openMountOf(filepath.Join(procFD(root), "fs"), devnum)
+	if err != nil {
+		return fmt.Errorf("temporary mount of %s at %s: %w", dev.Path, fsDir, err)
+	}
+	err = fn(fd)
+	unix.Close(fd)
+	if err != nil {
 		return err
 	}
 	if err := unix.Unmount(fsDir, unix.UMOUNT_NOFOLLOW); err != nil {
@@ -431,13 +450,17 @@ func (s *Store) tempMount(v *Volume, device, data string, fn func(dir string) er
 // the lock directory would swap it.
 var tempMountRace func(path string)
 
+// tempMountedRace, when a test sets it, runs between the mount of the
+// volume's filesystem on the temporary mount point and its opening.
+var tempMountedRace func(dir string)
+
 // mountTempRoot mounts a new private tmpfs at the lock directory's
 // mnt-<uuid> and returns an fd of its root, which the caller closes. The
 // directory is made and opened in the lock directory's proven fd without
 // following links, and the tmpfs, made detached (fsopen, fsmount), is
 // attached to that open directory (move_mount), never to a path looked up
 // again. The path then must name the new mount (device and inode), since
-// fn and xfs_growfs use it: a mount point cannot be renamed or removed, so
+// tempMount unmounts by it: a mount point cannot be renamed or removed, so
 // what the check sees stays. What is not a directory, or was swapped for
 // something else before the attach, is refused (ErrUnsafe) and left for
 // cleanupTempMount's warning; the tmpfs is detached again.

@@ -369,3 +369,54 @@ func fsBlocks(t *testing.T, dir string) uint64 {
 	}
 	return sfs.Blocks
 }
+
+// TestTempMountCovered: another XFS mounted over the offline expansion's
+// temporary mount of the volume, between that mount and the grow, is not
+// grown although its device has: the grow acts on a descriptor proven on
+// the volume's device, so the expansion is refused as unsafe, and once
+// nothing covers the mount it finishes.
+func TestTempMountCovered(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, Options{})
+	t.Cleanup(func() { s.DetachAll(DetachOptions{}) })
+	v := mustCreate(t, s, CreateRequest{Name: "x", SizeBytes: 300 << 20, FSType: "xfs"})
+	mustCreate(t, s, CreateRequest{Name: "other", SizeBytes: 300 << 20, FSType: "xfs", KeepAttached: true})
+	if _, err := s.Expand(ctx, "other", 320<<20, ExpandOptions{FileOnly: true}); err != nil {
+		t.Fatal(err)
+	}
+	other, err := s.Status("other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherBlocks := func() uint64 {
+		dir := mountTemp(t, other.DataDevice, "xfs")
+		defer unmountEventually(t, dir)
+		return fsBlocks(t, dir)
+	}
+	before := otherBlocks()
+	covered := ""
+	tempMountedRace = func(dir string) {
+		covered = dir
+		if err := unix.Mount(other.DataDevice, dir, "xfs", 0, ""); err != nil {
+			t.Error(err)
+		}
+	}
+	t.Cleanup(func() { tempMountedRace = nil })
+	_, err = s.Expand(ctx, "x", 320<<20, ExpandOptions{})
+	tempMountedRace = nil
+	if covered == "" {
+		t.Fatalf("Expand = %v without a temporary mount: the race was never run", err)
+	}
+	if !errors.Is(err, ErrUnsafe) {
+		t.Errorf("Expand with its temporary mount covered = %v, want ErrUnsafe", err)
+	}
+	if _, err := os.Lstat(s.tempMountDir(v)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the temporary mount point is left: %v", err)
+	}
+	if after := otherBlocks(); after != before {
+		t.Errorf("the other filesystem went from %d to %d blocks", before, after)
+	}
+	if v, err := s.Expand(ctx, "x", 320<<20, ExpandOptions{}); err != nil || v.SizeBytes != 320<<20 {
+		t.Errorf("the expansion once nothing covers it: %+v, %v", v, err)
+	}
+}

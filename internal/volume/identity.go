@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+
+	"github.com/sparsevol/sparsevol/internal/loop"
 )
 
 // A volume made from a snapshot, a clone or an import gets an identity of
@@ -12,13 +14,14 @@ import (
 // tune2fs -U, XFS xfs_admin -U) or the GPT partition GUID (and a new disk
 // GUID). A whole-device raw volume carries no identity on disk.
 
-// newIdentity gives the copy on device (v's, held by the caller, who
+// newIdentity gives the copy on dev (v's, held by the caller, who
 // holds v's lock; nothing mounts it) v's UUID. ext4 is checked first
 // (e2fsck -f -p replays the journal of a copy of a frozen or running
 // filesystem, and tune2fs -U wants a checked one); XFS is mounted once,
 // privately and with nouuid (the source may be mounted), to replay its
 // log, since xfs_admin refuses a dirty log.
-func (s *Store) newIdentity(ctx context.Context, v *Volume, device string) error {
+func (s *Store) newIdentity(ctx context.Context, v *Volume, dev *loop.Device) error {
+	device := dev.Path
 	var err error
 	switch {
 	case v.FSType == "ext4":
@@ -26,7 +29,7 @@ func (s *Store) newIdentity(ctx context.Context, v *Volume, device string) error
 			_, err = s.run.run(ctx, "tune2fs", "-U", v.UUID, device)
 		}
 	case v.FSType == "xfs":
-		err = s.tempMount(v, device, "nouuid", func(string) error { return nil })
+		err = s.tempMount(v, dev, "nouuid", func(int) error { return nil })
 		if err != nil {
 			err = fmt.Errorf("replay the log: %w", err)
 		} else {
