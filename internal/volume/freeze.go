@@ -26,7 +26,9 @@ import (
 //     (SIGKILL, OOM, a panic): the guard, started before the freeze in a
 //     session of its own, waits on a pipe from us and runs
 //     `fsfreeze --unfreeze` unless we told it the thaw was done. The pipe
-//     closes when our last fd of it does, that is when we exit.
+//     closes when our last fd of it does, that is when we exit. It thaws
+//     the mount point we opened and proved, a copy of our descriptor it
+//     inherits, never the path looked up again.
 //
 // The kernel never thaws by itself: a filesystem left frozen blocks every
 // writer until someone thaws it.
@@ -38,10 +40,12 @@ import (
 // is done, and ThawLeftovers, which the plugin runs at its start, thaws
 // what a note names and a dead process left frozen.
 
-// guardScript is the guard's program (sh -c): $1 is the mount point, $2
+// guardScript is the guard's program (sh -c): fd 3 is the mount point
+// freeze opened and proved; fsfreeze inherits it, and /proc/self/fd/3
+// names the directory of its own fd 3, not a path looked up again. $1 is
 // the freeze note ("" for none), removed once the thaw worked. It
 // ignores the signals a terminal sends the process group.
-const guardScript = `trap '' INT TERM HUP QUIT; read -r x; [ "$x" = done ] || { fsfreeze --unfreeze "$1" && { [ -z "$2" ] || rm -f -- "$2"; }; }`
+const guardScript = `trap '' INT TERM HUP QUIT; read -r x; [ "$x" = done ] || { fsfreeze --unfreeze /proc/self/fd/3 && { [ -z "$1" ] || rm -f -- "$1"; }; }`
 
 // The freeze ioctls, _IOWR('X', 119, int) and _IOWR('X', 120, int).
 const (
@@ -135,14 +139,23 @@ func openMountOf(mountpoint string, devnum uint64) (int, error) {
 	})
 }
 
-// startGuard starts the thaw-on-exit guard (see above).
+// startGuard starts the thaw-on-exit guard (see above). The guard gets
+// its own copy of f.fd as its fd 3, which it holds until it exits; f.fd
+// stays f's.
 func (f *frozen) startGuard() error {
+	mnt, err := unix.FcntlInt(uintptr(f.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("freeze %s: guard: %w", f.path, err)
+	}
+	mntFile := os.NewFile(uintptr(mnt), f.path)
+	defer mntFile.Close() // the guard holds its copy
 	r, w, err := os.Pipe()
 	if err != nil {
 		return fmt.Errorf("freeze %s: guard: %w", f.path, err)
 	}
-	cmd := exec.Command("sh", "-c", guardScript, "sparsevol-thaw-guard", f.path, f.note)
+	cmd := exec.Command("sh", "-c", guardScript, "sparsevol-thaw-guard", f.note)
 	cmd.Stdin = r
+	cmd.ExtraFiles = []*os.File{mntFile} // fd 3
 	cmd.Env = append(os.Environ(), "LC_ALL=C")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {

@@ -559,15 +559,7 @@ func TestFreezeLeavesOthersFreeze(t *testing.T) {
 	if err := unix.Stat(dir, &st); err != nil {
 		t.Fatal(err)
 	}
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	if err := unix.IoctlSetInt(fd, ioctlFIFREEZE, 0); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.IoctlSetInt(fd, ioctlFITHAW, 0) }) // before the close
+	fd := frozenByOthers(t, dir)
 	if f, err := freeze(dir, st.Dev, 5*time.Second, ""); !errors.Is(err, unix.EBUSY) {
 		if f != nil {
 			f.thaw()
@@ -582,6 +574,88 @@ func TestFreezeLeavesOthersFreeze(t *testing.T) {
 	if err := unix.IoctlSetInt(fd, ioctlFITHAW, 0); err != nil {
 		t.Fatalf("thaw the other freeze: %v", err)
 	}
+}
+
+// TestGuardThawsItsOwnFreeze: the guard, left to thaw when we die
+// mid-freeze, thaws the filesystem we froze, through the mount point it
+// inherited from freeze, even when the mount point's path leads
+// elsewhere by then (a directory on the way swapped): a freeze someone
+// else holds where the path now leads stays, and the freeze note goes.
+func TestGuardThawsItsOwnFreeze(t *testing.T) {
+	tests := []struct {
+		name string
+		// swap puts something at dir, the directory holding our mount
+		// point mnt, which was moved away; other holds the mount point
+		// mnt of a filesystem someone else froze.
+		swap func(dir, other string) error
+	}{
+		{"link to another frozen filesystem", func(dir, other string) error { return os.Symlink(other, dir) }},
+		{"plain directory", func(dir, _ string) error { return os.MkdirAll(filepath.Join(dir, "mnt"), 0o700) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			mnt := testutil.FilesystemDir(t, "ext4", 64<<20)
+			otherMnt := testutil.FilesystemDir(t, "ext4", 64<<20)
+			dir, other := filepath.Dir(mnt), filepath.Dir(otherMnt)
+			ofd := frozenByOthers(t, otherMnt)
+			var st unix.Stat_t
+			if err := unix.Stat(mnt, &st); err != nil {
+				t.Fatal(err)
+			}
+			note := filepath.Join(t.TempDir(), "note")
+			if err := os.WriteFile(note, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			f, err := freeze(mnt, st.Dev, time.Minute, note)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.timer.Stop()
+
+			moved := dir + ".moved"
+			if err := os.Rename(dir, moved); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if err := os.RemoveAll(dir); err != nil {
+					t.Error(err)
+				}
+				if err := os.Rename(moved, dir); err != nil {
+					t.Error(err)
+				}
+			})
+			if err := tt.swap(dir, other); err != nil {
+				t.Fatal(err)
+			}
+			// What our death does: the pipe closes without "done".
+			// release waits for the guard.
+			f.release(false)
+
+			if err := unix.IoctlSetInt(ofd, ioctlFIFREEZE, 0); !errors.Is(err, unix.EBUSY) {
+				t.Errorf("the other freeze is gone: FIFREEZE = %v, want EBUSY", err)
+			}
+			assertThawed(t, filepath.Join(moved, "mnt"))
+			if _, err := os.Lstat(note); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the freeze note outlived the guard's thaw: %v", err)
+			}
+		})
+	}
+}
+
+// frozenByOthers freezes the filesystem mounted at dir, as someone else
+// would, and returns an fd of dir, thawed and closed at cleanup.
+func frozenByOthers(t *testing.T, dir string) int {
+	t.Helper()
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.IoctlSetInt(fd, ioctlFIFREEZE, 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.IoctlSetInt(fd, ioctlFITHAW, 0) }) // before the close
+	return fd
 }
 
 // TestOpenMountOf: what freeze and fstrim act on is the mount point the
