@@ -660,41 +660,6 @@ func (s *Store) DetachAll(opts DetachOptions) error {
 	return errors.Join(errs...)
 }
 
-type lockedVolume struct {
-	uuid   string
-	unlock func()
-}
-
-// lockAll takes the locks of the volumes with the given UUIDs (nil: every
-// volume of the store), in UUID order so that two callers cannot deadlock.
-func (s *Store) lockAll(uuids []string) ([]lockedVolume, error) {
-	if uuids == nil {
-		var err error
-		if uuids, err = s.uuids(); err != nil {
-			return nil, err
-		}
-	}
-	uuids = slices.Clone(uuids)
-	slices.Sort(uuids)
-	uuids = slices.Compact(uuids)
-	out := make([]lockedVolume, 0, len(uuids))
-	for _, uuid := range uuids {
-		unlock, err := s.lock(uuid)
-		if err != nil {
-			unlockAll(out)
-			return nil, err
-		}
-		out = append(out, lockedVolume{uuid, unlock})
-	}
-	return out, nil
-}
-
-func unlockAll(vols []lockedVolume) {
-	for _, v := range vols {
-		v.unlock()
-	}
-}
-
 // detachDevices detaches v's own devices (see devicesOf); bound, if not
 // nil, is one loop.Bound of the machine for many volumes (detach --all).
 // The caller holds v's lock. A volume whose backing file is gone while a

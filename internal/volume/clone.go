@@ -15,10 +15,13 @@ import (
 // asked for. It goes through Create's states: a crash leaves it creating,
 // for a rerun (which copies afresh) or Delete.
 //
-// Locks: a clone takes the source volume's lock before the new volume's
-// (and holds it through the copy, freezing the source's filesystem if it
-// is mounted); a restore takes the snapshot's lock inside the new
-// volume's. Nothing that holds a snapshot's lock takes a volume's.
+// Locks: a clone takes the source volume's lock and the new volume's
+// together, by lockAll (in UUID order, see lock), once the new volume is
+// reserved, and holds both through the copy (freezing the source's
+// filesystem if it is mounted); the source, resolved before, is read
+// again under its lock (copyFromVolume). A restore takes the snapshot's
+// lock inside the new volume's. Nothing that holds a snapshot's lock
+// takes a volume's.
 
 // source is what a volume is copied from, resolved by Create.
 type source struct {
@@ -135,6 +138,15 @@ func (src *source) matches(v *Volume) bool {
 	return v.FromSnapshot == "" && v.ClonedFrom == ""
 }
 
+// locks is the volumes whose locks a create of volume uuid from this
+// source holds, for lockAll: uuid's, and a clone's source's.
+func (src *source) locks(uuid string) []string {
+	if src != nil && src.volume != nil {
+		return []string{uuid, src.uuid}
+	}
+	return []string{uuid}
+}
+
 // blockSize is the loop block size of a new volume: the source's, since
 // its partition table or XFS records it; for a new volume the store's
 // choice.
@@ -187,7 +199,7 @@ func (s *Store) fillFromSource(ctx context.Context, v *Volume, req CreateRequest
 	if req.source.snapshot != nil {
 		err = s.copyFromSnapshot(ctx, fd, req.source.snapshot, req.Progress)
 	} else {
-		err = s.copyFromVolume(ctx, fd, req.source.volume.UUID, req.Progress)
+		err = s.copyFromVolume(ctx, fd, req.source, req.Progress)
 	}
 	if err == nil {
 		// The copy is data no mkfs flushes: durable before the record
@@ -224,28 +236,34 @@ func (s *Store) copyFromSnapshot(ctx context.Context, dst int, sn *Snapshot, pro
 	return nil
 }
 
-// copyFromVolume copies the volume uuid's backing file into dst,
+// copyFromVolume copies the backing file of src's volume into dst,
 // quiescing it (a mounted filesystem is frozen) for the copy. The caller
-// holds the volume's lock.
-func (s *Store) copyFromVolume(ctx context.Context, dst int, uuid string, progress func(done, total int64)) error {
-	v, err := s.readMeta(uuid)
+// holds the volume's lock; the volume is read again under it, and one
+// that is no longer ready or no longer of the size src was resolved at
+// (expanded since) is ErrNotReady.
+func (s *Store) copyFromVolume(ctx context.Context, dst int, src *source, progress func(done, total int64)) error {
+	v, err := s.readMeta(src.uuid)
 	if err != nil {
 		return err
 	}
 	if v.State != StateReady || v.ExpandingTo != 0 {
 		return fmt.Errorf("volume %s: state %s: %w", v.Name, stateOf(v), ErrNotReady)
 	}
-	src, _, ours, err := s.openOwned(v, "clone")
+	if v.SizeBytes != src.sizeBytes {
+		return fmt.Errorf("volume %s was resized from %s to %s while the clone waited for its lock; create the clone again: %w",
+			v.Name, FormatSize(src.sizeBytes), FormatSize(v.SizeBytes), ErrNotReady)
+	}
+	fd, _, ours, err := s.openOwned(v, "clone")
 	if err != nil {
 		return err
 	}
-	defer unix.Close(src)
+	defer unix.Close(fd)
 	q, err := s.quiesce(v, ours)
 	if err != nil {
 		return err
 	}
 	defer q.release()
-	if _, err := copyFile(ctx, dst, src, v.SizeBytes, progress); err != nil {
+	if _, err := copyFile(ctx, dst, fd, v.SizeBytes, progress); err != nil {
 		return fmt.Errorf("copy volume %s: %w", v.Name, err)
 	}
 	return q.release()

@@ -167,19 +167,6 @@ func (s *Store) Create(ctx context.Context, req CreateRequest) (*Volume, error) 
 	if err := s.CheckLimits(req.IOLimits); err != nil {
 		return nil, fmt.Errorf("create %s: %w", req.Name, err)
 	}
-	if req.CloneOf != "" {
-		// The source's lock is taken before the new volume's, as every
-		// caller that holds two does (see lockAll, by UUID, and clone.go).
-		src, err := s.Get(req.CloneOf)
-		if err != nil {
-			return nil, fmt.Errorf("create %s: clone of %w", req.Name, err)
-		}
-		unlockSrc, err := s.lock(src.UUID)
-		if err != nil {
-			return nil, err
-		}
-		defer unlockSrc()
-	}
 	if err := s.resolveSource(&req); err != nil {
 		return nil, fmt.Errorf("create %s: %w", req.Name, err)
 	}
@@ -187,11 +174,11 @@ func (s *Store) Create(ctx context.Context, req CreateRequest) (*Volume, error) 
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", req.Name, err)
 	}
-	unlock, err := s.lock(v.UUID)
+	locked, err := s.lockAll(req.source.locks(v.UUID))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("create %s: %w", req.Name, err)
 	}
-	defer unlock()
+	defer unlockAll(locked)
 	// Another create of the same name may have finished (or a delete
 	// removed it) while we waited: decide on what is there now, so a
 	// retried create never formats a volume that became ready.
@@ -206,8 +193,8 @@ func (s *Store) Create(ctx context.Context, req CreateRequest) (*Volume, error) 
 		return nil, fmt.Errorf("create %s: %w", req.Name, err)
 	}
 	if req.KeepAttached {
-		// Not under the lock: the unit's attach takes it.
-		unlock()
+		// Not under the locks: the unit's attach takes v's.
+		unlockAll(locked)
 		if err := s.startUnit(ctx, v); err != nil {
 			return nil, fmt.Errorf("create %s: %w", req.Name, err)
 		}

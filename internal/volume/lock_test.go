@@ -112,3 +112,147 @@ func TestWaiterLeavesNoLock(t *testing.T) {
 		t.Errorf("lock file after the waiter: %v, want it gone", err)
 	}
 }
+
+// waitHeld waits until another caller holds the lock name (tryLock fails
+// with EWOULDBLOCK).
+func waitHeld(t *testing.T, s *Store, name string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		unlock, err := s.tryLock(name)
+		switch {
+		case errors.Is(err, unix.EWOULDBLOCK):
+			return
+		case err != nil:
+			t.Fatal(err)
+		}
+		unlock()
+		if time.Now().After(deadline) {
+			t.Fatalf("lock %s: nobody took it", name)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestCloneRetryAndDetachAllDoNotDeadlock: every caller that holds two or
+// more volume locks takes them in UUID order. A clone a crash left
+// creating, whose UUID sorts before its source's, is finished by a rerun
+// while detach --all holds the clone's lock and waits on a busy volume
+// (between the two in UUID order): once the busy volume is free, both
+// finish.
+func TestCloneRetryAndDetachAllDoNotDeadlock(t *testing.T) {
+	const (
+		cloneUUID = "00000000-0000-4000-8000-00000000c10e"
+		busyUUID  = "77777777-0000-4000-8000-0000000000b5"
+		srcUUID   = "ffffffff-0000-4000-8000-000000000005"
+	)
+	ctx := context.Background()
+	s := newStore(t, Options{})
+	for name, uuid := range map[string]string{"src": srcUUID, "busy": busyUUID} {
+		mustCreate(t, s, CreateRequest{Name: name, UUID: uuid, SizeBytes: 1 << 20, Mode: ModeBlock, NoPartition: true})
+	}
+	req := CreateRequest{Name: "clone", CloneOf: "src", UUID: cloneUUID}
+	crashed := req
+	if err := crashed.Normalize(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.resolveSource(&crashed); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.reserve(crashed); err != nil { // what a create killed before the copy leaves
+		t.Fatal(err)
+	}
+
+	unlockBusy, err := s.lock(busyUUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(unlockBusy)
+	detached := make(chan error, 1)
+	go func() { detached <- s.DetachAll(DetachOptions{}) }()
+	waitHeld(t, s, cloneUUID) // detach --all has the clone's lock, waits on busy
+	created := make(chan error, 1)
+	go func() { _, err := s.Create(ctx, req); created <- err }()
+	// Give the create time to reach its locks: if it gets there after
+	// detach --all is done, the test proves less, never wrong.
+	time.Sleep(200 * time.Millisecond)
+	unlockBusy()
+
+	timeout := time.After(30 * time.Second)
+	for _, c := range []struct {
+		op   string
+		done chan error
+	}{{"detach --all", detached}, {"create (rerun of the clone)", created}} {
+		select {
+		case err := <-c.done:
+			if err != nil {
+				t.Errorf("%s: %v", c.op, err)
+			}
+		case <-timeout:
+			t.Fatalf("%s still waits on a lock: deadlock", c.op)
+		}
+	}
+	if v, err := s.Get(cloneUUID); err != nil || v.State != StateReady {
+		t.Fatalf("clone after the rerun: %+v, %v; want it ready", v, err)
+	}
+}
+
+// TestCloneRereadsSourceUnderLock: a clone resolves its source before it
+// holds the source's lock (lockAll takes it with the new volume's), so a
+// source that changed while the clone waited for that lock fails the
+// create with ErrNotReady, rolled back: no clone is left, and a rerun
+// starts afresh.
+func TestCloneRereadsSourceUnderLock(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(v *Volume)
+	}{
+		{"resized", func(v *Volume) { v.SizeBytes += 1 << 20 }},
+		{"expanding", func(v *Volume) { v.ExpandingTo = v.SizeBytes + 1<<20 }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			s := newStore(t, Options{})
+			src := mustCreate(t, s, CreateRequest{Name: "src", SizeBytes: 1 << 20, Mode: ModeBlock, NoPartition: true})
+			unlock, err := s.lock(src.UUID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(unlock)
+			created := make(chan error, 1)
+			go func() { _, err := s.Create(ctx, CreateRequest{Name: "clone", CloneOf: "src"}); created <- err }()
+			// Reserved: the clone resolved its source and waits for the locks.
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				if _, err := s.Get("clone"); err == nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the clone was never reserved")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			v, err := s.readMeta(src.UUID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.change(v)
+			if err := s.writeMeta(v); err != nil {
+				t.Fatal(err)
+			}
+			unlock()
+			select {
+			case err := <-created:
+				if !errors.Is(err, ErrNotReady) {
+					t.Fatalf("clone of a source changed while it waited: %v, want ErrNotReady", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("the clone still waits on a lock")
+			}
+			if v, err := s.Get("clone"); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("clone after the failure: %+v, %v; want it rolled back", v, err)
+			}
+		})
+	}
+}

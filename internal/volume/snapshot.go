@@ -340,8 +340,8 @@ func (s *Store) CreateSnapshotGroup(ctx context.Context, volumeRefs []string, na
 		if err != nil {
 			return nil, fmt.Errorf("group snapshot %s: %w", name, err)
 		}
-		// Refused before any lock: a volume still being created (a clone
-		// holds its source's lock and then its own) is never waited for.
+		// Refused before any lock: a volume still being created (a create
+		// holds its lock through the copy or mkfs) is never waited for.
 		if v.State != StateReady {
 			return nil, fmt.Errorf("group snapshot %s: volume %s: state %s: %w", name, v.Name, v.State, ErrNotReady)
 		}

@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -278,7 +279,53 @@ func (s *Store) backingPath(uuid string) string { return filepath.Join(s.root, u
 // volume's lock file also holds the note of the device its last detach
 // freed (noteDetached). Locks are released by the kernel if the process dies,
 // which is what makes a killed CLI safe to rerun.
+//
+// Lock order (flock detects no deadlocks): volume locks first, then the
+// store's, then snapshots'; nothing that holds a later one waits for an
+// earlier one (tryLock does not wait). A caller that holds a volume's
+// lock takes no other volume's with lock: two or more are taken together,
+// by lockAll.
 func (s *Store) lock(name string) (func(), error) { return s.flock(name, unix.LOCK_EX) }
+
+type lockedVolume struct {
+	uuid   string
+	unlock func()
+}
+
+// lockAll takes the locks of the volumes with the given UUIDs (nil: every
+// volume of the store; a UUID named twice is locked once) and returns
+// them, released by unlockAll. It is the one way to hold more than one
+// volume's lock (see lock): it takes them in UUID order, so two callers
+// that each hold several wait on each other in one direction only and
+// cannot deadlock. The caller holds no volume lock when it calls lockAll.
+func (s *Store) lockAll(uuids []string) ([]lockedVolume, error) {
+	if uuids == nil {
+		var err error
+		if uuids, err = s.uuids(); err != nil {
+			return nil, err
+		}
+	}
+	uuids = slices.Clone(uuids)
+	slices.Sort(uuids)
+	uuids = slices.Compact(uuids)
+	out := make([]lockedVolume, 0, len(uuids))
+	for _, uuid := range uuids {
+		unlock, err := s.lock(uuid)
+		if err != nil {
+			unlockAll(out)
+			return nil, err
+		}
+		out = append(out, lockedVolume{uuid, unlock})
+	}
+	return out, nil
+}
+
+// unlockAll releases the locks lockAll took; a second call does nothing.
+func unlockAll(vols []lockedVolume) {
+	for _, v := range vols {
+		v.unlock()
+	}
+}
 
 // tryLock is lock without waiting: if another holds the lock it fails at
 // once, with an error that wraps unix.EWOULDBLOCK.
