@@ -76,14 +76,65 @@ var shipped = []struct{ name, text string }{
 	{BootDoneUnit, systemdunit.BootDone},
 }
 
+// render returns a shipped unit for binary and store root (each the
+// shipped default if empty). It sets fields, one setting at a time: the
+// executable of ExecStart= and ExecStop= where it is defaultBinary, each
+// path of RequiresMountsFor= that is defaultRoot, and the value of
+// Environment=SPARSEVOL_ROOT=. Comments and every other line are kept
+// byte for byte, and what one field receives is never searched again, so
+// a root that is a prefix of the binary (or the other way round) cannot
+// rewrite it. binary and root go into the unit as they are: the caller
+// has checked them (volume.CheckUnitPath).
 func render(unit, binary, root string) string {
-	if binary != "" && binary != defaultBinary {
-		unit = strings.ReplaceAll(unit, defaultBinary, binary)
+	if binary == "" {
+		binary = defaultBinary
 	}
-	if root != "" && root != defaultRoot {
-		unit = strings.ReplaceAll(unit, defaultRoot, root)
+	if root == "" {
+		root = defaultRoot
 	}
-	return unit
+	lines := strings.SplitAfter(unit, "\n")
+	for i, line := range lines {
+		lines[i] = renderLine(line, binary, root)
+	}
+	return strings.Join(lines, "")
+}
+
+// renderLine is render for one line (with its newline, if any).
+func renderLine(line, binary, root string) string {
+	body, nl := strings.CutSuffix(line, "\n")
+	key, value, ok := strings.Cut(body, "=")
+	if !ok || strings.HasPrefix(body, "#") || strings.HasPrefix(body, ";") {
+		return line
+	}
+	switch key {
+	case "ExecStart", "ExecStop":
+		// Exec prefixes ("-", "@", "+", "!", ":") come before the path.
+		exe := strings.TrimLeft(value, "-@+!:")
+		prefix := value[:len(value)-len(exe)]
+		args := ""
+		if i := strings.IndexByte(exe, ' '); i >= 0 {
+			exe, args = exe[:i], exe[i:]
+		}
+		if exe == defaultBinary {
+			value = prefix + binary + args
+		}
+	case "RequiresMountsFor":
+		paths := strings.Split(value, " ")
+		for i, p := range paths {
+			if p == defaultRoot {
+				paths[i] = root
+			}
+		}
+		value = strings.Join(paths, " ")
+	case "Environment":
+		if value == volume.RootEnv+"="+defaultRoot {
+			value = volume.RootEnv + "=" + root
+		}
+	}
+	if nl {
+		value += "\n"
+	}
+	return key + "=" + value
 }
 
 // generatorDir is the administrator's generator directory next to the

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -22,6 +23,14 @@ func TestRender(t *testing.T) {
 		{"other binary and store", "/opt/bin/sparsevol", "/srv/store",
 			[]string{"ExecStart=/opt/bin/sparsevol --udev-timeout=80s attach %i", "RequiresMountsFor=/srv/store", "SPARSEVOL_ROOT=/srv/store"},
 			[]string{"/usr/local/bin", "/var/lib/sparsevol"}},
+		{"binary inside the default store", "/var/lib/sparsevol/bin/sparsevol", "/srv/store",
+			[]string{"ExecStart=/var/lib/sparsevol/bin/sparsevol --udev-timeout=80s attach %i", "ExecStop=/var/lib/sparsevol/bin/sparsevol detach %i",
+				"RequiresMountsFor=/srv/store\n", "Environment=SPARSEVOL_ROOT=/srv/store\n"},
+			[]string{"/srv/store/bin", "/usr/local/bin"}},
+		{"store inside the default binary's directory", "/opt/bin/sparsevol", "/usr/local/bin/sparsevol.d",
+			[]string{"ExecStart=/opt/bin/sparsevol --udev-timeout=80s attach %i", "RequiresMountsFor=/usr/local/bin/sparsevol.d\n",
+				"Environment=SPARSEVOL_ROOT=/usr/local/bin/sparsevol.d\n"},
+			[]string{"/opt/bin/sparsevol.d", "/var/lib/sparsevol"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -34,6 +43,37 @@ func TestRender(t *testing.T) {
 			for _, w := range tt.notWant {
 				if strings.Contains(unit, w) {
 					t.Errorf("unit still has %q", w)
+				}
+			}
+		})
+	}
+}
+
+// TestRenderShipped: with the default binary and store every shipped unit
+// is rendered byte for byte as shipped; with others, only the lines of the
+// fields render sets change, and no default is left in any of them.
+func TestRenderShipped(t *testing.T) {
+	const binary, root = "/var/lib/sparsevol/bin/sparsevol", "/srv/store"
+	fields := []string{"ExecStart=", "ExecStop=", "RequiresMountsFor=", "Environment=SPARSEVOL_ROOT="}
+	for _, u := range shipped {
+		t.Run(u.name, func(t *testing.T) {
+			for _, d := range [][2]string{{"", ""}, {defaultBinary, defaultRoot}} {
+				if got := render(u.text, d[0], d[1]); got != u.text {
+					t.Errorf("render(%q, %q) differs from the shipped unit:\n%s", d[0], d[1], got)
+				}
+			}
+			got := strings.Split(render(u.text, binary, root), "\n")
+			want := strings.Split(u.text, "\n")
+			if len(got) != len(want) {
+				t.Fatalf("rendered %d lines, shipped %d", len(got), len(want))
+			}
+			for i := range got {
+				field := slices.ContainsFunc(fields, func(f string) bool { return strings.HasPrefix(want[i], f) })
+				switch {
+				case !field && got[i] != want[i]:
+					t.Errorf("line %d changed: %q, shipped %q", i+1, got[i], want[i])
+				case field && (strings.Contains(got[i], defaultBinary) || strings.Contains(strings.ReplaceAll(got[i], binary, ""), defaultRoot)):
+					t.Errorf("line %d keeps a default: %q", i+1, got[i])
 				}
 			}
 		})
