@@ -52,8 +52,11 @@ root being staged (a package or an image) and reloads nothing.`,
 					return err
 				}
 			}
-			if !filepath.IsAbs(bin) {
-				return usagef("--binary must be an absolute path, got %q", bin)
+			if err := volume.CheckUnitPath(bin); err != nil {
+				if binary == "" {
+					return fmt.Errorf("units install: this binary's path, the default of --binary: %w", err)
+				}
+				return fmt.Errorf("units install: --binary: %w", err)
 			}
 			root, err := filepath.Abs(g.root)
 			if err != nil {

@@ -2,6 +2,7 @@ package systemd
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -161,6 +162,80 @@ func TestInstallLinksGenerator(t *testing.T) {
 		if _, err := os.Lstat(p); !os.IsNotExist(err) {
 			t.Errorf("%s left after Uninstall (%v)", p, err)
 		}
+	}
+}
+
+// unsafePaths are paths systemd's unit syntax would read as more than a
+// path (volume.CheckUnitPath has the full table).
+var unsafePaths = []struct{ name, path string }{
+	{"specifier and injected setting", "/srv/st %H\nExecStartPre=/bin/touch /tmp/pwned"},
+	{"space", "/opt/my tools/sparsevol"},
+	{"specifier", "/srv/st%H"},
+	{"dollar", "/opt/$X/sparsevol"},
+	{"backslash", `/srv/a\x20b`},
+	{"relative", "bin/sparsevol"},
+	{"not clean", "/usr/local/bin/../bin/sparsevol"},
+}
+
+// noFiles fails the test if anything was made under dir.
+func noFiles(t *testing.T, dir string) {
+	t.Helper()
+	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 0 {
+		t.Errorf("refused call left %v in %s (%v)", entries, dir, err)
+	}
+}
+
+// TestInstallRefusesUnsafePaths: a binary or store the units could not
+// name is refused before any unit or link is written.
+func TestInstallRefusesUnsafePaths(t *testing.T) {
+	for _, u := range unsafePaths {
+		for _, field := range []string{"binary", "store"} {
+			t.Run(u.name+"/"+field, func(t *testing.T) {
+				dir := t.TempDir()
+				m := Manager{Dir: filepath.Join(dir, "etc", "systemd", "system"), Offline: true}
+				binary, root := "/usr/bin/sparsevol", "/srv/store"
+				if field == "binary" {
+					binary = u.path
+				} else {
+					root = u.path
+				}
+				paths, err := m.Install(context.Background(), binary, root)
+				if !errors.Is(err, volume.ErrInvalid) || len(paths) != 0 {
+					t.Fatalf("Install(%q, %q) = %v, %v; want ErrInvalid and nothing written", binary, root, paths, err)
+				}
+				noFiles(t, dir)
+			})
+		}
+	}
+}
+
+// TestEnableRefusesUnsafeInput: a store or mount path the drop-in could
+// not name, or a UUID that is not one, is refused before the drop-in is
+// written (systemctl, absent here, is never reached).
+func TestEnableRefusesUnsafeInput(t *testing.T) {
+	const uuid = "0aaaaaaa-0000-4000-8000-000000000001"
+	type tc struct {
+		name, uuid, root string
+		mountsFor        []string
+	}
+	tests := []tc{
+		{"uuid with a path", "../../x", "/srv/store", []string{"/srv/store"}},
+		{"uuid with a newline", uuid + "\n[Service]", "/srv/store", []string{"/srv/store"}},
+	}
+	for _, u := range unsafePaths {
+		tests = append(tests, tc{"store " + u.name, uuid, u.path, []string{"/srv/store"}},
+			tc{"mount " + u.name, uuid, "/srv/store", []string{"/srv/store", u.path}})
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			m := Manager{Dir: filepath.Join(dir, "etc"), Offline: true}
+			err := m.Enable(context.Background(), tt.uuid, tt.root, tt.mountsFor, false)
+			if !errors.Is(err, volume.ErrInvalid) {
+				t.Fatalf("Enable = %v, want ErrInvalid", err)
+			}
+			noFiles(t, dir)
+		})
 	}
 }
 

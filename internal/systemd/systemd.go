@@ -145,8 +145,15 @@ func (m Manager) generatorDir() string {
 
 // Install writes the template and the boot units (atomically), links the
 // generator to binary, and reloads systemd if it runs. It returns the
-// paths it wrote.
+// paths it wrote. A binary or store root that fails volume.CheckUnitPath
+// is refused (ErrInvalid) before anything is written.
 func (m Manager) Install(ctx context.Context, binary, root string) ([]string, error) {
+	if err := volume.CheckUnitPath(binary); err != nil {
+		return nil, fmt.Errorf("install units: binary: %w", err)
+	}
+	if err := volume.CheckUnitPath(root); err != nil {
+		return nil, fmt.Errorf("install units: store: %w", err)
+	}
 	if err := os.MkdirAll(m.dir(), 0o755); err != nil {
 		return nil, fmt.Errorf("install units: %w", err)
 	}
@@ -204,8 +211,18 @@ func (m Manager) DropInPath(uuid string) string {
 
 // Enable writes the instance's drop-in, enables it, and starts it if start.
 // mountsFor lists the paths the instance needs mounted (store, backing
-// file directory).
+// file directory). A uuid that is not a volume UUID, or a root or
+// mountsFor path that fails volume.CheckUnitPath, is refused (ErrInvalid)
+// before anything is written.
 func (m Manager) Enable(ctx context.Context, uuid, root string, mountsFor []string, start bool) error {
+	if !volume.ValidUUID(uuid) {
+		return fmt.Errorf("enable unit: %+q is not a volume UUID: %w", uuid, volume.ErrInvalid)
+	}
+	for _, p := range append([]string{root}, mountsFor...) {
+		if err := volume.CheckUnitPath(p); err != nil {
+			return fmt.Errorf("enable %s: %w", UnitName(uuid), err)
+		}
+	}
 	dropIn := fmt.Sprintf("# Written by sparsevol for volume %s.\n[Unit]\nRequiresMountsFor=%s\n\n[Service]\nEnvironment=SPARSEVOL_ROOT=%s\n",
 		uuid, strings.Join(mountsFor, " "), root)
 	if err := os.MkdirAll(filepath.Dir(m.DropInPath(uuid)), 0o755); err != nil {

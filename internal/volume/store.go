@@ -86,8 +86,9 @@ type Store struct {
 
 // Open opens the store at root, which must exist, be a directory (not a
 // symbolic link to one), be owned by root or by the caller, and be
-// writable. It creates nothing: a missing store is an input error, not
-// something to paper over with a fresh empty directory.
+// writable; its absolute path must pass CheckUnitPath, so that the units
+// of its volumes can name it. It creates nothing: a missing store is an
+// input error, not something to paper over with a fresh empty directory.
 //
 // A store that lets group or world in is made private (group and world
 // access removed) and the change is logged as a warning, provided it holds
@@ -104,6 +105,11 @@ func Open(root string, opts Options) (*Store, error) {
 	abs, err := filepath.Abs(root)
 	if err != nil {
 		return nil, fmt.Errorf("open store %s: %w", root, err)
+	}
+	// The units name the store (Environment=, RequiresMountsFor=); a
+	// store they cannot name is refused for every caller alike.
+	if err := CheckUnitPath(abs); err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
 	}
 	if opts.OvercommitRatio == 0 {
 		opts.OvercommitRatio = 1

@@ -15,6 +15,7 @@ import (
 	"maps"
 	"math"
 	"math/big"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -318,6 +319,40 @@ func describeByte(s string, i int) string {
 	}
 	return fmt.Sprintf("%+q (%U)", r, r)
 }
+
+// CheckUnitPath is the rule for a path that sparsevol writes into a
+// service manager's unit file: the store root (Open refuses any other) and
+// the binary the units run (`units install --binary`). Such a path is
+// absolute, clean (filepath.Clean leaves it as it is), UTF-8 of printable
+// characters (unprintable: no control or format character, as a newline
+// would start a setting of its own), and holds none that systemd's unit
+// syntax reads as more than itself: no space (which splits a setting's
+// values), '%' (specifiers such as %H), '\' (escapes), quotes or '$'
+// (variables in ExecStart=). The error, ErrInvalid, names the character.
+func CheckUnitPath(path string) error {
+	switch {
+	case path == "":
+		return fmt.Errorf("empty path: %w", ErrInvalid)
+	case !filepath.IsAbs(path):
+		return fmt.Errorf("path %s is not absolute; give the absolute path: %w", quoteName(path), ErrInvalid)
+	}
+	i := unprintable(path)
+	if j := strings.IndexAny(path, unitPathSpecials); j >= 0 && (i < 0 || j < i) {
+		i = j
+	}
+	if i >= 0 {
+		return fmt.Errorf("path %s contains %s: a systemd unit file would not read it as part of a path; choose a path without it: %w",
+			quoteName(path), describeByte(path, i), ErrInvalid)
+	}
+	if clean := filepath.Clean(path); clean != path {
+		return fmt.Errorf("path %s is not clean; give it as %s: %w", quoteName(path), quoteName(clean), ErrInvalid)
+	}
+	return nil
+}
+
+// unitPathSpecials are the printable characters systemd's unit syntax
+// reads as more than themselves in a path (CheckUnitPath).
+const unitPathSpecials = ` %\"'$`
 
 // nilUUID is the all-zero UUID: no filesystem or partition can be told
 // apart by it.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"strings"
 	"testing"
 )
@@ -184,6 +185,62 @@ func TestValidateLabels(t *testing.T) {
 	}
 }
 
+// unsafeUnitPaths are paths systemd's unit syntax would read as more than
+// a path, each with the character CheckUnitPath must name.
+var unsafeUnitPaths = []struct{ name, path, char string }{
+	{"specifier", "/srv/st%H", `'%'`},
+	{"newline injecting a setting", "/srv/st %H\nExecStartPre=/bin/touch /tmp/pwned", `' '`},
+	{"newline alone", "/srv/st\nExecStartPre=/bin/true", `'\n'`},
+	{"space", "/opt/my tools/sparsevol", `' '`},
+	{"tab", "/srv/a\tb", `'\t'`},
+	{"carriage return", "/srv/a\rb", `'\r'`},
+	{"no-break space", "/srv/a\u00a0b", `U+00A0`},
+	{"right-to-left override", "/srv/a\u202eb", `U+202E`},
+	{"delete", "/srv/a\x7fb", `U+007F`},
+	{"nul", "/srv/a\x00b", `U+0000`},
+	{"backslash", `/srv/a\x20b`, `'\\'`},
+	{"double quote", `/srv/"a"`, `'"'`},
+	{"single quote", "/srv/'a'", `'\''`},
+	{"dollar", "/srv/$HOME", `'$'`},
+	{"not UTF-8", "/srv/a\xffb", "0xff"},
+}
+
+func TestCheckUnitPath(t *testing.T) {
+	type tc struct{ name, path, want string }
+	tests := []tc{
+		{"default store", DefaultRoot, ""},
+		{"default binary", "/usr/local/bin/sparsevol", ""},
+		{"punctuation systemd leaves alone", "/srv/a-b_c.d/e+f@g:h,i=j~k", ""},
+		{"letters", "/srv/données", ""},
+		{"root directory", "/", ""},
+		{"empty", "", "empty"},
+		{"relative", "srv/store", "not absolute"},
+		{"dot", "/srv/./store", "not clean"},
+		{"dotdot", "/usr/local/bin/../bin/sparsevol", "not clean"},
+		{"double slash", "/srv//store", "not clean"},
+		{"trailing slash", "/srv/store/", "not clean"},
+	}
+	for _, u := range unsafeUnitPaths {
+		tests = append(tests, tc{u.name, u.path, u.char})
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := CheckUnitPath(tt.path)
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("CheckUnitPath(%q) = %v, want nil", tt.path, err)
+			case tt.want == "":
+			case !errors.Is(err, ErrInvalid):
+				t.Fatalf("CheckUnitPath(%q) = %v, want ErrInvalid", tt.path, err)
+			case !strings.Contains(err.Error(), tt.want):
+				t.Errorf("CheckUnitPath(%q) = %v, want it to name %s", tt.path, err, tt.want)
+			case strings.ContainsAny(err.Error(), "\n\r"):
+				t.Errorf("CheckUnitPath(%q): message spans lines: %q", tt.path, err)
+			}
+		})
+	}
+}
+
 // TestLabelsFitARecord: a record holding labels at ValidateLabels' bounds,
 // of characters JSON escapes, stays below maxRecordSize, so it is read.
 func TestLabelsFitARecord(t *testing.T) {
@@ -203,6 +260,36 @@ func TestLabelsFitARecord(t *testing.T) {
 	}
 	if len(data) >= maxRecordSize {
 		t.Errorf("the record is %d bytes, not below %d", len(data), maxRecordSize)
+	}
+}
+
+// TestOpenRefusesUnitUnsafeRoot: a store directory whose path the units
+// could not name is refused, and left as it was (Open would otherwise
+// make this one private).
+func TestOpenRefusesUnitUnsafeRoot(t *testing.T) {
+	for _, u := range unsafeUnitPaths {
+		t.Run(u.name, func(t *testing.T) {
+			root := t.TempDir() + u.path
+			exists := !strings.ContainsRune(root, 0) // no name holds a NUL
+			if exists {
+				if err := os.MkdirAll(root, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Chmod(root, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_, err := Open(root, Options{})
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), u.char) {
+				t.Fatalf("Open(%q) = %v, want ErrInvalid naming %s", root, err, u.char)
+			}
+			if !exists {
+				return
+			}
+			if fi, err := os.Stat(root); err != nil || fi.Mode().Perm() != 0o755 {
+				t.Fatalf("refused store changed: %v, %v", fi.Mode(), err)
+			}
+		})
 	}
 }
 
