@@ -433,8 +433,8 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	if !managed(v) {
-		return nil, status.Errorf(codes.FailedPrecondition, "volume %s (%s) was not created by the CSI driver; delete it with `sparsevol delete`", id, v.Name)
+	if err := checkManaged(v, "delete it with `sparsevol delete`"); err != nil {
+		return nil, err
 	}
 	st, err := d.store.Status(id)
 	if err != nil {

@@ -186,6 +186,20 @@ func (d *Driver) lookup(id string) (*volume.Volume, error) {
 // managed reports whether the CSI driver created v.
 func managed(v *volume.Volume) bool { return v.Labels[LabelManagedBy] == ManagedByCSI }
 
+// checkManaged is the rule for RPCs that change or copy a volume: only
+// the driver's own (managed). Another volume (node mode, made with the
+// CLI) is FailedPrecondition; instead, if not "", names what does the
+// operation on it (a sparsevol command).
+func checkManaged(v *volume.Volume, instead string) error {
+	if managed(v) {
+		return nil
+	}
+	if instead != "" {
+		instead = "; " + instead
+	}
+	return status.Errorf(codes.FailedPrecondition, "volume %s (%s) was not created by the CSI driver%s", v.UUID, v.Name, instead)
+}
+
 // toStatus converts a store error into a gRPC status, classifying with
 // errors.Is. It is the only place where store errors become codes.
 func toStatus(err error) error {

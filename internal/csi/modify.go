@@ -104,8 +104,8 @@ func (d *Driver) ControllerModifyVolume(ctx context.Context, req *csi.Controller
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	if !managed(v) {
-		return nil, status.Errorf(codes.FailedPrecondition, "volume %s (%s) was not created by the CSI driver; change it with `sparsevol limit`", id, v.Name)
+	if err := checkManaged(v, "change it with `sparsevol limit`"); err != nil {
+		return nil, err
 	}
 	ch, discard, err := changeFor(v, params)
 	if err != nil {

@@ -61,8 +61,8 @@ func (d *Driver) managedSource(id string) (*volume.Volume, error) {
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	if !managed(v) {
-		return nil, status.Errorf(codes.FailedPrecondition, "volume %s (%s) was not created by the CSI driver", id, v.Name)
+	if err := checkManaged(v, "snapshot or copy it with `sparsevol snapshot create` or `sparsevol create --clone-of`"); err != nil {
+		return nil, err
 	}
 	return v, nil
 }
