@@ -552,7 +552,8 @@ func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (
 }
 
 // ControllerExpandVolume grows the backing file (and an attached loop
-// device); the node grows the filesystem.
+// device) of a volume the driver created (checkManaged); the node grows
+// the filesystem.
 func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
@@ -573,6 +574,9 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 	v, err := d.lookup(id)
 	if err != nil {
 		return nil, toStatus(err)
+	}
+	if err := checkManaged(v, "grow it with `sparsevol expand`"); err != nil {
+		return nil, err
 	}
 	if req.GetVolumeCapability() != nil {
 		if err := checkCapability(v, req.GetVolumeCapability()); err != nil {

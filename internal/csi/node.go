@@ -91,8 +91,9 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 }
 
 // NodeExpandVolume brings the loop device and the filesystem up to the
-// size of the backing file grown by ControllerExpandVolume. A capacity
-// range no size can meet (checkCapacityRange) is InvalidArgument.
+// size of the backing file grown by ControllerExpandVolume, for a volume
+// the driver created (checkManaged). A capacity range no size can meet
+// (checkCapacityRange) is InvalidArgument.
 func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
 	if err := checkCapacityRange(req.GetCapacityRange()); err != nil {
 		return nil, err
@@ -107,6 +108,9 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	})
 	defer release()
 	if err != nil {
+		return nil, err
+	}
+	if err := checkManaged(v, "grow it with `sparsevol expand`"); err != nil {
 		return nil, err
 	}
 	id := v.UUID

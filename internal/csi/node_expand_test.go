@@ -2,6 +2,8 @@ package csi
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -37,6 +39,55 @@ func TestNodeExpandRefusesBadRange(t *testing.T) {
 			wantCode(t, err, codes.InvalidArgument)
 			if got := volumeSize(t, e, p.id); got != 300<<20 {
 				t.Errorf("volume size %d after a refused expand, want %d", got, 300<<20)
+			}
+		})
+	}
+}
+
+// TestExpandRefusesUnmanaged: the expand RPCs refuse a volume the driver
+// did not create (node mode, made with the CLI), even one staged and
+// published through the plugin: FailedPrecondition, and the volume, its
+// file and its filesystem keep their size.
+func TestExpandRefusesUnmanaged(t *testing.T) {
+	e := newTestEnv(t)
+	ctx := context.Background()
+	const size = 64 << 20
+	c := rwCap(volume.ModeFilesystem, "ext4")
+	v, err := e.store.Create(ctx, volume.CreateRequest{Name: "node-mode", SizeBytes: size, Mode: volume.ModeFilesystem, FSType: "ext4"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := e.stageAndPublish(t, v.UUID, c)
+	t.Cleanup(func() {
+		e.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: p.id, TargetPath: p.target})
+		e.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: p.id, StagingTargetPath: p.staging})
+	})
+	fsBytes := totalBytes(t, e, p)
+	for _, tc := range []struct {
+		name string
+		call func() error
+	}{
+		{"ControllerExpandVolume", func() error {
+			_, err := e.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: p.id,
+				CapacityRange: &csi.CapacityRange{RequiredBytes: 2 * size}})
+			return err
+		}},
+		{"NodeExpandVolume", func() error {
+			_, err := e.node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: p.id, VolumePath: p.target,
+				StagingTargetPath: p.staging, CapacityRange: &csi.CapacityRange{RequiredBytes: 4 * size}, VolumeCapability: c})
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wantCode(t, tc.call(), codes.FailedPrecondition)
+			if got := volumeSize(t, e, p.id); got != size {
+				t.Errorf("volume size %d after a refused expand, want %d", got, size)
+			}
+			if fi, err := os.Stat(filepath.Join(e.store.Root(), p.id)); err != nil || fi.Size() != size {
+				t.Errorf("backing file after a refused expand: %v, %v; want %d bytes", fi, err, size)
+			}
+			if got := totalBytes(t, e, p); got != fsBytes {
+				t.Errorf("filesystem of %d bytes after a refused expand, was %d", got, fsBytes)
 			}
 		})
 	}
