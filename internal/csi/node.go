@@ -36,7 +36,7 @@ func (d *Driver) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.Nod
 }
 
 // NodeGetVolumeStats reports bytes and inodes of a mounted volume, or the
-// size of a block volume.
+// size of a block volume, at volume_path (volumeAt).
 func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
 	path := req.GetVolumePath()
 	v, release, err := d.begin(nodeRequest{
@@ -50,34 +50,18 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	if err != nil {
 		return nil, err
 	}
+	st, err := d.volumeAt(v, path)
+	if err != nil {
+		return nil, err
+	}
 	id := v.UUID
-	if _, err := os.Stat(path); err != nil {
-		return nil, status.Errorf(codes.NotFound, "volume %s: volume path: %v", id, err)
-	}
-	st, err := d.store.Status(id)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	if !st.Attached {
-		return nil, status.Errorf(codes.NotFound, "volume %s is not attached, so it is not at %s", id, path)
-	}
-	uses, err := deviceUses(st.DataDevice)
-	if err != nil {
-		return nil, status.Errorf(codes.Internal, "volume %s: %v", id, err)
-	}
 	if v.Mode == volume.ModeBlock {
-		if !containsPath(uses.nodeBind, path) {
-			return nil, status.Errorf(codes.NotFound, "volume %s is not published at %s", id, path)
-		}
 		if st.DataDeviceBytes == 0 {
 			return nil, status.Errorf(codes.Internal, "volume %s: size of %s unknown", id, st.DataDevice)
 		}
 		return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
 			{Unit: csi.VolumeUsage_BYTES, Total: st.DataDeviceBytes},
 		}}, nil
-	}
-	if !containsPath(uses.fsMounts, path) {
-		return nil, status.Errorf(codes.NotFound, "volume %s is not mounted at %s", id, path)
 	}
 	var sfs unix.Statfs_t
 	if err := unix.Statfs(path, &sfs); err != nil {
@@ -90,10 +74,44 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	}}, nil
 }
 
+// volumeAt is the rule for a volume_path: what is mounted there (the top
+// of the mounts stacked at it) is v's filesystem, or for a block volume a
+// bind of its device node (usesOf). path has passed checkNodePath, so it
+// is spelled as the mount table spells it. It returns v's status; a path
+// where v is not (nothing mounted, something else mounted over it, v not
+// attached) is NotFound. Nothing at path is opened.
+func (d *Driver) volumeAt(v *volume.Volume, path string) (*volume.Status, error) {
+	id := v.UUID
+	if _, err := os.Lstat(path); err != nil {
+		return nil, status.Errorf(codes.NotFound, "volume %s: volume path: %v", id, err)
+	}
+	st, err := d.store.Status(id)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if !st.Attached {
+		return nil, status.Errorf(codes.NotFound, "volume %s is not attached, so it is not at %s; stage and publish it first", id, path)
+	}
+	uses, err := deviceUses(st.DataDevice)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "volume %s: %v", id, err)
+	}
+	top, ok := topMountIn(uses.table, path)
+	switch {
+	case !ok:
+		return nil, status.Errorf(codes.NotFound, "volume %s is not at %s: nothing is mounted there; name the path it is published at", id, path)
+	case v.Mode == volume.ModeBlock && !uses.isNodeBind(top),
+		v.Mode != volume.ModeBlock && !uses.fs.of(top):
+		return nil, status.Errorf(codes.NotFound, "volume %s is not at %s: %s is mounted there; name the path it is published at", id, path, describeMount(top))
+	}
+	return st, nil
+}
+
 // NodeExpandVolume brings the loop device and the filesystem up to the
 // size of the backing file grown by ControllerExpandVolume, for a volume
-// the driver created (checkManaged). A capacity range no size can meet
-// (checkCapacityRange) is InvalidArgument.
+// the driver created (checkManaged) and at volume_path (volumeAt). A
+// capacity range no size can meet (checkCapacityRange) is
+// InvalidArgument.
 func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
 	if err := checkCapacityRange(req.GetCapacityRange()); err != nil {
 		return nil, err
@@ -113,10 +131,10 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	if err := checkManaged(v, "grow it with `sparsevol expand`"); err != nil {
 		return nil, err
 	}
-	id := v.UUID
-	if _, err := os.Stat(path); err != nil {
-		return nil, status.Errorf(codes.NotFound, "volume %s: volume path: %v", id, err)
+	if _, err := d.volumeAt(v, path); err != nil {
+		return nil, err
 	}
+	id := v.UUID
 	size := v.SizeBytes
 	if lim := req.GetCapacityRange().GetLimitBytes(); lim > 0 && size > lim {
 		return nil, status.Errorf(codes.OutOfRange, "volume %s is %d bytes, beyond the limit of %d; volumes do not shrink", id, size, lim)

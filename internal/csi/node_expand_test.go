@@ -92,3 +92,52 @@ func TestExpandRefusesUnmanaged(t *testing.T) {
 		})
 	}
 }
+
+// TestNodeExpandVolumePath sends NodeExpandVolume volume paths below the
+// kubelet directory where the volume is not: NotFound, and the volume
+// keeps its size.
+func TestNodeExpandVolumePath(t *testing.T) {
+	e := newTestEnv(t)
+	ctx := context.Background()
+	const size = 32 << 20
+	c := rwCap(volume.ModeFilesystem, "ext4")
+	vol := e.createVolume(t, "expand-path", size, c, nil)
+	p := e.stageAndPublish(t, vol.GetVolumeId(), c)
+	t.Cleanup(func() { e.teardown(t, p) })
+	other := e.createVolume(t, "expand-path-other", size, c, nil)
+	q := e.stageAndPublish(t, other.GetVolumeId(), c)
+	t.Cleanup(func() { e.teardown(t, q) })
+	empty := filepath.Join(e.kubelet, "pods", "empty")
+	if err := os.MkdirAll(empty, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	foreign := filepath.Join(e.kubelet, "pods", "foreign")
+	mountTmpfs(t, foreign)
+	covered := filepath.Join(e.kubelet, "pods", "covered")
+	if err := os.MkdirAll(covered, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(t, published{id: p.id, c: c, staging: p.staging, target: covered})
+	t.Cleanup(func() {
+		if _, err := e.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: p.id, TargetPath: covered}); err != nil {
+			t.Errorf("NodeUnpublishVolume %s: %v", covered, err)
+		}
+	})
+	mountTmpfs(t, covered) // its cleanup, first, uncovers the volume
+	for _, tc := range []struct{ name, path string }{
+		{"empty directory", empty},
+		{"foreign mount", foreign},
+		{"another volume", q.target},
+		{"the volume covered by a foreign mount", covered},
+		{"missing", filepath.Join(e.kubelet, "pods", "missing")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := e.node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: p.id, VolumePath: tc.path,
+				StagingTargetPath: p.staging, CapacityRange: &csi.CapacityRange{RequiredBytes: 2 * size}, VolumeCapability: c})
+			wantCode(t, err, codes.NotFound)
+			if got := volumeSize(t, e, p.id); got != size {
+				t.Errorf("volume size %d after a refused expand, want %d", got, size)
+			}
+		})
+	}
+}
