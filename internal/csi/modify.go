@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -82,10 +82,12 @@ func checkDiscard(discard, thick bool, mode volume.Mode) error {
 }
 
 // ControllerModifyVolume applies a VolumeAttributesClass's parameters to
-// a volume, live: I/O limits, direct I/O, discard (remounting a staged
-// filesystem) and thin to thick. Parameters not named stay as they are;
-// any other parameter is refused with InvalidArgument naming it, before
-// anything changes.
+// a volume, live: I/O limits, direct I/O, discard (on a staged
+// filesystem, setDiscard) and thin to thick. Parameters not named stay as
+// they are; any other parameter is refused with InvalidArgument naming
+// it, before anything changes. What is recorded is what took effect: a
+// change refused anywhere leaves the record and the filesystem as they
+// were.
 func (d *Driver) ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
@@ -111,14 +113,27 @@ func (d *Driver) ControllerModifyVolume(ctx context.Context, req *csi.Controller
 	if err != nil {
 		return nil, err
 	}
-	st, err := d.store.Change(id, ch)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	if discard != nil && len(st.MountPoints) > 0 {
-		if err := remountDiscard(ctx, st.MountPoints[0], *discard); err != nil {
-			return nil, status.Errorf(codes.Internal, "volume %s: %v (the setting is recorded and applies at the next stage)", id, err)
+	if ch.IOLimits != nil {
+		if err := d.store.CheckLimits(*ch.IOLimits); err != nil {
+			return nil, toStatus(fmt.Errorf("modify volume %s: %w", id, err))
 		}
+	}
+	// The filesystem first, the record after: a setting the filesystem
+	// does not take is not recorded, and a record that fails puts the
+	// filesystem back.
+	var putBack func() error
+	if discard != nil {
+		if putBack, err = d.setDiscard(id, *discard); err != nil {
+			return nil, toStatus(fmt.Errorf("modify volume %s: %w", id, err))
+		}
+	}
+	if _, err := d.store.Change(id, ch); err != nil {
+		if putBack != nil {
+			if perr := putBack(); perr != nil {
+				err = errors.Join(err, fmt.Errorf("putting discard back: %w", perr))
+			}
+		}
+		return nil, toStatus(err)
 	}
 	d.log.Info("volume modified", "volume_id", id, "name", v.Name, "parameters", params)
 	return &csi.ControllerModifyVolumeResponse{}, nil
@@ -181,29 +196,105 @@ func changeFor(v *volume.Volume, params map[string]string) (volume.Change, *bool
 	if !discardGiven {
 		return ch, nil, nil
 	}
-	// Remounted also when the label says so already: a retry after a
-	// failed remount must not find nothing to do.
+	// Applied also when the label says so already: the filesystem's own
+	// setting decides whether there is anything to do (setDiscard).
 	return ch, &discard, nil
 }
 
-// remountDiscard switches online discard of the filesystem mounted at mp
-// (a superblock option: one remount serves every mount of it) and checks
-// that the kernel took it.
-func remountDiscard(ctx context.Context, mp string, on bool) error {
+// setDiscard switches online discard of volume id's filesystem, if it is
+// mounted, and returns how to put it back (nil: nothing changed). Discard
+// is a superblock option: one reconfigure through any mount of the
+// filesystem serves them all. It goes through an fd of a mount proven to
+// reach the volume's filesystem (openMounted), by fspick and fsconfig on
+// that fd, so what is mounted over a mount point of the volume is never
+// reconfigured. A filesystem that keeps its setting on a live mount (XFS)
+// is volume.ErrBusy, with nothing changed. The caller holds the
+// volume's in-flight guard.
+func (d *Driver) setDiscard(id string, on bool) (putBack func() error, err error) {
+	st, err := d.store.Status(id)
+	if err != nil {
+		return nil, err
+	}
+	if !st.Attached || len(st.MountPoints) == 0 {
+		return nil, nil
+	}
+	fd, mp, err := openMounted(st)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	was, err := discardOf(fd)
+	if err != nil || was == on {
+		return nil, err
+	}
+	if err := reconfigureDiscard(fd, on); err != nil {
+		return nil, fmt.Errorf("discard=%t through %s: %w", on, mp, err)
+	}
+	now, err := discardOf(fd)
+	if err == nil && now != on {
+		err = fmt.Errorf("the filesystem keeps its setting while mounted (XFS does); change it while the volume is not staged, the next stage mounts it so: %w", volume.ErrBusy)
+	}
+	if err != nil {
+		if perr := reconfigureDiscard(fd, was); perr != nil {
+			err = errors.Join(err, fmt.Errorf("putting it back: %w", perr))
+		}
+		return nil, fmt.Errorf("discard=%t through %s: %w", on, mp, err)
+	}
+	return func() error { _, err := d.setDiscard(id, was); return err }, nil
+}
+
+// openMounted opens, by openOn, the first of st's mount points (the mount
+// table's, for its data device) at which the volume's filesystem is on
+// top: its own mount or a bind of it. None being so (each covered by
+// another mount, or swapped) is volume.ErrUnsafe, naming what each was.
+// The caller closes the fd.
+func openMounted(st *volume.Status) (fd int, mountPoint string, err error) {
+	var why []string
+	for _, mp := range st.MountPoints {
+		fd, err := openOn(mp, st.DataDevice)
+		if err == nil {
+			return fd, mp, nil
+		}
+		why = append(why, err.Error())
+	}
+	return -1, "", fmt.Errorf("discard: its filesystem is not on top at any of its mount points (%s); unmount what is mounted over them: %w",
+		strings.Join(why, "; "), volume.ErrUnsafe)
+}
+
+// reconfigureDiscard sets the superblock option discard (or nodiscard) of
+// the filesystem fd is at the root of a mount of (fspick), through a
+// filesystem context of its own: no path is looked up, no process run.
+// The caller owns fd.
+func reconfigureDiscard(fd int, on bool) error {
 	opt := "nodiscard"
 	if on {
 		opt = "discard"
 	}
-	if out, err := exec.CommandContext(ctx, "mount", "-o", "remount,"+opt, mp).CombinedOutput(); err != nil {
-		return fmt.Errorf("remount %s with %s: %w: %s", mp, opt, err, strings.TrimSpace(string(out)))
+	fc, err := unix.Fspick(fd, "", unix.FSPICK_EMPTY_PATH|unix.FSPICK_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("fspick: %w", err)
 	}
-	infos, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(mp))
-	if err != nil || len(infos) == 0 {
-		return fmt.Errorf("remount %s with %s: read the mount table: %w", mp, opt, errors.Join(err, errors.New("no such mount")))
+	defer unix.Close(fc)
+	if err := unix.FsconfigSetFlag(fc, opt); err != nil {
+		return fmt.Errorf("fsconfig %s: %w", opt, err)
 	}
-	has := slices.Contains(strings.Split(infos[0].VFSOptions, ","), "discard")
-	if has != on {
-		return fmt.Errorf("remount %s with %s: the filesystem kept %q", mp, opt, infos[0].VFSOptions)
+	if err := unix.FsconfigReconfigure(fc); err != nil {
+		return fmt.Errorf("fsconfig reconfigure with %s: %w", opt, err)
 	}
 	return nil
+}
+
+// discardOf reports whether the filesystem fd is on has online discard, a
+// superblock option: the mount table shows it on each of its mounts.
+func discardOf(fd int) (bool, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return false, fmt.Errorf("fstat: %w", err)
+	}
+	n := devNumOf(st.Dev)
+	infos, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) { return !n.of(m), false })
+	if err != nil || len(infos) == 0 {
+		return false, fmt.Errorf("read the mount table for %d:%d: %w", n.major, n.minor, errors.Join(err, errors.New("no such mount")))
+	}
+	return slices.Contains(strings.Split(infos[0].VFSOptions, ","), "discard"), nil
 }

@@ -3,6 +3,7 @@ package csi
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sparsevol/sparsevol/internal/iolimit"
+	"github.com/sparsevol/sparsevol/internal/testutil"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
@@ -167,4 +169,135 @@ func privateLimits(t *testing.T) iolimit.Config {
 	cfg := iolimit.Config{Mount: m, Cgroup: "sparsevol-test-" + filepath.Base(t.TempDir())}
 	t.Cleanup(func() { os.Remove(filepath.Join(m, cfg.Cgroup)) })
 	return cfg
+}
+
+// TestModifyDiscardOnlyItsOwn changes discard of a staged volume whose
+// staging path has someone else's ext4 (its own loop device) mounted over
+// it, and of a staged XFS, which keeps discard while mounted. The foreign
+// filesystem is never reconfigured; the volume's takes the setting through
+// a mount of its own (its publish bind) or, having none on top, the call is
+// refused; and a refused change is not recorded.
+func TestModifyDiscardOnlyItsOwn(t *testing.T) {
+	e := newTestEnv(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		fs      string
+		publish bool // besides staging, so the volume has a mount on top
+		foreign bool // an ext4 of its own mounted over the staging path
+		code    codes.Code
+	}{
+		{"foreign over staging", "ext4", false, true, codes.FailedPrecondition},
+		{"foreign over staging and published", "ext4", true, true, codes.OK},
+		{"xfs keeps it while mounted", "xfs", true, false, codes.FailedPrecondition},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := rwCap(volume.ModeFilesystem, tc.fs)
+			vol := e.createVolume(t, "discard-"+strings.ReplaceAll(tc.name, " ", "-"), 300<<20, c, nil)
+			id := vol.GetVolumeId()
+			p := published{id: id, c: c, staging: filepath.Join(e.kubelet, "staging-"+id), target: filepath.Join(e.kubelet, "pods", id, "target")}
+			t.Cleanup(func() { e.teardown(t, p) })
+			if _, err := e.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: p.staging, VolumeCapability: c}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.publish {
+				e.publish(t, p)
+			}
+			st, err := e.store.Status(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			foreign := ""
+			if tc.foreign {
+				foreign = mountForeignExt4(t, p.staging)
+			}
+			meta := filepath.Join(e.store.Root(), id+".json")
+			before, err := os.ReadFile(meta)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = e.ctrl.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: id, MutableParameters: map[string]string{ParamDiscard: "true"}})
+			if status.Code(err) != tc.code {
+				t.Errorf("got %v, want code %s", err, tc.code) // and see what else it did
+			}
+			if foreign != "" && superOption(t, foreign, "discard") {
+				t.Errorf("the foreign filesystem over the staging path was given discard")
+			}
+			if got := superOption(t, st.DataDevice, "discard"); got != (tc.code == codes.OK) {
+				t.Errorf("the volume's filesystem has discard %t", got)
+			}
+			after, _ := os.ReadFile(meta)
+			if tc.code != codes.OK && string(after) != string(before) {
+				t.Errorf("a refused modify changed the metadata")
+			}
+			if v, _ := e.store.Get(id); (v.Labels[LabelDiscard] == "true") != (tc.code == codes.OK) {
+				t.Errorf("labels after modify: %v", v.Labels)
+			}
+		})
+	}
+	t.Run("record refused, filesystem put back", func(t *testing.T) {
+		e := newTestEnv(t, envOptions{tmpfsBytes: 48 << 20, overcommit: 4})
+		c := rwCap(volume.ModeFilesystem, "ext4")
+		vol := e.createVolume(t, "discard-put-back", 96<<20, c, map[string]string{ParamDiscard: "true"})
+		p := e.stageAndPublish(t, vol.GetVolumeId(), c)
+		t.Cleanup(func() { e.teardown(t, p) })
+		st, err := e.store.Status(p.id)
+		if err != nil || !superOption(t, st.DataDevice, "discard") {
+			t.Fatalf("staged with discard=true: discard %t, %v", err == nil && superOption(t, st.DataDevice, "discard"), err)
+		}
+		meta := filepath.Join(e.store.Root(), p.id+".json")
+		before, _ := os.ReadFile(meta)
+		_, err = e.ctrl.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: p.id,
+			MutableParameters: map[string]string{ParamDiscard: "false", ParamProvisioning: "thick"}})
+		wantCode(t, err, codes.ResourceExhausted)
+		if !superOption(t, st.DataDevice, "discard") {
+			t.Errorf("discard was left off after the store refused the change")
+		}
+		if after, _ := os.ReadFile(meta); string(after) != string(before) {
+			t.Errorf("a refused modify changed the metadata")
+		}
+	})
+}
+
+// mountForeignExt4 mounts an ext4 of its own (an image in a temporary
+// directory, on a loop device of its own) at dir, over whatever is there,
+// and returns its device. Cleanup unmounts it.
+func mountForeignExt4(t testing.TB, dir string) string {
+	t.Helper()
+	img := filepath.Join(t.TempDir(), "foreign.img")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 16<<20); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mkfs.ext4", "-q", img).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v: %s", err, out)
+	}
+	dev := testutil.Losetup(t, img)
+	if err := unix.Mount(dev, dir, "ext4", 0, ""); err != nil {
+		t.Fatalf("mount %s at %s: %v", dev, dir, err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, 0); err != nil {
+			t.Errorf("cleanup: unmount %s: %v", dir, err)
+		}
+	})
+	return dev
+}
+
+// superOption reports whether the filesystem on the block device dev has
+// the superblock option opt, as the mount table shows it.
+func superOption(t testing.TB, dev, opt string) bool {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(dev, &st); err != nil {
+		t.Fatal(err)
+	}
+	n := devNumOf(st.Rdev)
+	infos, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) { return !n.of(m), false })
+	if err != nil || len(infos) == 0 {
+		t.Fatalf("mounts of %s: %v, %v", dev, infos, err)
+	}
+	return slices.Contains(strings.Split(infos[0].VFSOptions, ","), opt)
 }
