@@ -97,15 +97,15 @@ func ValidateLabels(labels map[string]string) error {
 		case k == "":
 			return fmt.Errorf("a label key is empty: %w", ErrInvalid)
 		case len(k) > MaxLabelKeyLength:
-			return fmt.Errorf("label key %s is %d bytes, at most %d allowed: %w", quoteName(k), len(k), MaxLabelKeyLength, ErrInvalid)
+			return fmt.Errorf("label key %s is %d bytes, at most %d allowed: %w", Quote(k), len(k), MaxLabelKeyLength, ErrInvalid)
 		case len(val) > MaxLabelValueLength:
-			return fmt.Errorf("label %s: value is %d bytes, at most %d allowed: %w", quoteName(k), len(val), MaxLabelValueLength, ErrInvalid)
+			return fmt.Errorf("label %s: value is %d bytes, at most %d allowed: %w", Quote(k), len(val), MaxLabelValueLength, ErrInvalid)
 		}
 		if i := unprintable(k); i >= 0 {
-			return fmt.Errorf("label key %s contains %s: %w", quoteName(k), describeByte(k, i), ErrInvalid)
+			return fmt.Errorf("label key %s contains %s: %w", Quote(k), describeByte(k, i), ErrInvalid)
 		}
 		if i := unprintable(val); i >= 0 {
-			return fmt.Errorf("label %s: value %s contains %s: %w", quoteName(k), quoteName(val), describeByte(val, i), ErrInvalid)
+			return fmt.Errorf("label %s: value %s contains %s: %w", Quote(k), Quote(val), describeByte(val, i), ErrInvalid)
 		}
 	}
 	return nil
@@ -280,7 +280,7 @@ func ValidateName(name string) error {
 	for i := 0; i < len(name); i++ {
 		if !nameByte(name[i]) {
 			return fmt.Errorf("name %s contains %s; allowed are ASCII letters, digits, '.', '_' and '-': %w",
-				quoteName(name), describeByte(name, i), ErrInvalid)
+				Quote(name), describeByte(name, i), ErrInvalid)
 		}
 	}
 	switch {
@@ -296,14 +296,16 @@ func ValidateName(name string) error {
 	return nil
 }
 
-// quoteName quotes a rejected name for a message: ASCII only, so that no
-// control or bidirectional character reaches a terminal, and shortened.
-func quoteName(name string) string {
+// Quote quotes a refused value for a message or a log: ASCII only, so
+// that no control or bidirectional character reaches a terminal, and
+// shortened to its first bytes, so that a hostile value is never echoed
+// whole. It is the one way a refused value is shown.
+func Quote(s string) string {
 	const max = 64
-	if len(name) <= max {
-		return fmt.Sprintf("%+q", name)
+	if len(s) <= max {
+		return fmt.Sprintf("%+q", s)
 	}
-	return fmt.Sprintf("%+q...", strings.ToValidUTF8(name[:max], ""))
+	return fmt.Sprintf("%+q...", strings.ToValidUTF8(s[:max], ""))
 }
 
 func nameByte(c byte) bool {
@@ -334,7 +336,7 @@ func CheckUnitPath(path string) error {
 	case path == "":
 		return fmt.Errorf("empty path: %w", ErrInvalid)
 	case !filepath.IsAbs(path):
-		return fmt.Errorf("path %s is not absolute; give the absolute path: %w", quoteName(path), ErrInvalid)
+		return fmt.Errorf("path %s is not absolute; give the absolute path: %w", Quote(path), ErrInvalid)
 	}
 	i := unprintable(path)
 	if j := strings.IndexAny(path, unitPathSpecials); j >= 0 && (i < 0 || j < i) {
@@ -342,10 +344,10 @@ func CheckUnitPath(path string) error {
 	}
 	if i >= 0 {
 		return fmt.Errorf("path %s contains %s: a systemd unit file would not read it as part of a path; choose a path without it: %w",
-			quoteName(path), describeByte(path, i), ErrInvalid)
+			Quote(path), describeByte(path, i), ErrInvalid)
 	}
 	if clean := filepath.Clean(path); clean != path {
-		return fmt.Errorf("path %s is not clean; give it as %s: %w", quoteName(path), quoteName(clean), ErrInvalid)
+		return fmt.Errorf("path %s is not clean; give it as %s: %w", Quote(path), Quote(clean), ErrInvalid)
 	}
 	return nil
 }
@@ -362,6 +364,11 @@ const nilUUID = "00000000-0000-0000-0000-000000000000"
 // arithmetic cannot overflow.
 const maxSize = math.MaxInt64 / 2
 
+// maxSizeText bounds the text ParseSize reads: the longest size (4 EiB in
+// bytes, with a fraction to spare) fits, and nothing longer is parsed, so
+// no input can make the number parser work long.
+const maxSizeText = 32
+
 // sizeRE is the grammar of ParseSize: a decimal number (digits, optionally
 // a fraction) and an optional unit, K M G T P in either case, optionally
 // followed by i, optionally followed by B (or a B alone: bytes),
@@ -373,23 +380,27 @@ var sizeRE = sync.OnceValue(func() *regexp.Regexp {
 // ParseSize parses bytes or a number with K/M/G/T/P or Ki/Mi/Gi/Ti/Pi (all
 // powers of 1024, optionally followed by B). The number is decimal digits
 // with an optional fraction: no sign, exponent, separators or spaces. The
-// result is rounded up to a whole byte; zero and sizes beyond 4 EiB are
-// rejected.
+// result is rounded up to a whole byte; zero, sizes beyond 4 EiB and
+// texts longer than maxSizeText bytes are rejected, the latter unparsed.
 func ParseSize(s string) (int64, error) {
+	if len(s) > maxSizeText {
+		return 0, fmt.Errorf("size %s is %d bytes long, at most %d: want bytes or a number with K, M, G, T, P (or Ki, Mi, Gi, Ti, Pi): %w",
+			Quote(s), len(s), maxSizeText, ErrInvalid)
+	}
 	m := sizeRE().FindStringSubmatch(s)
 	if m == nil {
-		return 0, fmt.Errorf("size %q: want bytes or a number with K, M, G, T, P (or Ki, Mi, Gi, Ti, Pi), digits and an optional fraction only: %w", s, ErrInvalid)
+		return 0, fmt.Errorf("size %s: want bytes or a number with K, M, G, T, P (or Ki, Mi, Gi, Ti, Pi), digits and an optional fraction only: %w", Quote(s), ErrInvalid)
 	}
 	n, ok := new(big.Rat).SetString(m[1])
 	if !ok {
-		return 0, fmt.Errorf("size %q is not a number: %w", s, ErrInvalid)
+		return 0, fmt.Errorf("size %s is not a number: %w", Quote(s), ErrInvalid)
 	}
 	if m[2] != "" {
 		shift := uint(10 * (1 + strings.IndexByte("KMGTP", strings.ToUpper(m[2])[0])))
 		n.Mul(n, new(big.Rat).SetInt(new(big.Int).Lsh(big.NewInt(1), shift)))
 	}
 	if n.Sign() <= 0 {
-		return 0, fmt.Errorf("size %q must be positive: %w", s, ErrInvalid)
+		return 0, fmt.Errorf("size %s must be positive: %w", Quote(s), ErrInvalid)
 	}
 	// Round up to a whole byte.
 	q, r := new(big.Int).QuoRem(n.Num(), n.Denom(), new(big.Int))
@@ -397,7 +408,7 @@ func ParseSize(s string) (int64, error) {
 		q.Add(q, big.NewInt(1))
 	}
 	if !q.IsInt64() || q.Int64() > maxSize {
-		return 0, fmt.Errorf("size %q is too large (at most %s): %w", s, FormatSize(maxSize+1), ErrInvalid)
+		return 0, fmt.Errorf("size %s is too large (at most %s): %w", Quote(s), FormatSize(maxSize+1), ErrInvalid)
 	}
 	return q.Int64(), nil
 }

@@ -71,6 +71,38 @@ func TestParseSize(t *testing.T) {
 	}
 }
 
+// TestParseSizeBoundsText: a size text longer than maxSizeText is refused
+// unparsed, and the error shows a short prefix of it, not all of it.
+func TestParseSizeBoundsText(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+		ok   bool
+	}{
+		{"longest accepted", strings.Repeat("0", maxSizeText-3) + "1Gi", true},
+		{"one byte more", strings.Repeat("0", maxSizeText-2) + "1Gi", false},
+		{"a mebibyte of nines", strings.Repeat("9", 1<<20), false},
+		{"a long fraction", "1." + strings.Repeat("5", 1<<20) + "K", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseSize(tt.in)
+			if (err == nil) != tt.ok {
+				t.Fatalf("ParseSize(%d bytes): %v, want ok=%v", len(tt.in), err, tt.ok)
+			}
+			if err == nil {
+				return
+			}
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("error %v is not ErrInvalid", err)
+			}
+			if len(err.Error()) > 300 {
+				t.Errorf("error of %d bytes echoes the input: %.120s...", len(err.Error()), err)
+			}
+		})
+	}
+}
+
 func TestValidateName(t *testing.T) {
 	tests := []struct {
 		name string
