@@ -72,11 +72,15 @@ func (l Limits) fields() []field {
 	}
 }
 
-// ParseIOPS parses an IOPS limit: a positive decimal integer, or "max"
-// for none (0). Errors wrap ErrInvalid.
+// ParseIOPS parses an IOPS limit: a positive decimal integer no longer
+// than MaxIOPS written out, or "max" for none (0). Errors wrap
+// ErrInvalid; an overlong value is not echoed.
 func ParseIOPS(s string) (uint64, error) {
 	if s == "max" {
 		return 0, nil
+	}
+	if len(s) > len(strconv.FormatUint(MaxIOPS, 10)) {
+		return 0, fmt.Errorf("IOPS value of %d bytes: want a positive whole number up to %d, or max for no limit: %w", len(s), uint64(MaxIOPS), ErrInvalid)
 	}
 	if s == "" || strings.Trim(s, "0123456789") != "" {
 		return 0, fmt.Errorf("IOPS %q: want a positive whole number, or max for no limit: %w", s, ErrInvalid)

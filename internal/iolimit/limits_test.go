@@ -30,6 +30,7 @@ func TestParseIOPS(t *testing.T) {
 		{"", 0, false},
 		{"MAX", 0, false},
 		{"5\n", 0, false},
+		{"00000000001", 0, false},
 	} {
 		got, err := ParseIOPS(tc.in)
 		if tc.ok != (err == nil) || got != tc.want {
@@ -37,6 +38,20 @@ func TestParseIOPS(t *testing.T) {
 		}
 		if err != nil && !errors.Is(err, ErrInvalid) {
 			t.Errorf("ParseIOPS(%q): %v does not wrap ErrInvalid", tc.in, err)
+		}
+	}
+}
+
+// TestParseIOPSLongValue: an overlong value is refused without being
+// echoed.
+func TestParseIOPSLongValue(t *testing.T) {
+	for _, in := range []string{strings.Repeat("9", 1<<20), strings.Repeat("x", 1<<20)} {
+		_, err := ParseIOPS(in)
+		if !errors.Is(err, ErrInvalid) {
+			t.Fatalf("ParseIOPS(%d bytes) = %v, want ErrInvalid", len(in), err)
+		}
+		if len(err.Error()) > 200 {
+			t.Errorf("error of %d bytes echoes the input: %.120s...", len(err.Error()), err)
 		}
 	}
 }
