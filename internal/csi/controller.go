@@ -92,7 +92,7 @@ func parseRequest(caps []*csi.VolumeCapability, params map[string]string, cr *cs
 			mode = volume.ModeFilesystem
 			if fs := c.GetMount().GetFsType(); fs != "" {
 				if capFS != "" && capFS != fs {
-					return nil, status.Errorf(codes.InvalidArgument, "volume capabilities ask for both %s and %s", capFS, fs)
+					return nil, status.Errorf(codes.InvalidArgument, "volume capabilities ask for both %s and %s", volume.Quote(capFS), volume.Quote(fs))
 				}
 				capFS = fs
 			}
@@ -112,14 +112,14 @@ func parseRequest(caps []*csi.VolumeCapability, params map[string]string, cr *cs
 			case "thick":
 				r.Preallocate = true
 			default:
-				return nil, status.Errorf(codes.InvalidArgument, "parameter %s=%q: want thin or thick", k, v)
+				return nil, status.Errorf(codes.InvalidArgument, "parameter %s=%s: want thin or thick", k, volume.Quote(v))
 			}
 		case ParamMkfsOptions:
 			r.MkfsOptions = []string{v}
 		case ParamDirectIO:
 			b, err := strconv.ParseBool(v)
 			if err != nil {
-				return nil, status.Errorf(codes.InvalidArgument, "parameter %s=%q: want true or false", k, v)
+				return nil, status.Errorf(codes.InvalidArgument, "parameter %s=%s: want true or false", k, volume.Quote(v))
 			}
 			r.DirectIO = &b
 		case ParamFSType:
@@ -127,7 +127,7 @@ func parseRequest(caps []*csi.VolumeCapability, params map[string]string, cr *cs
 		case ParamDiscard:
 			b, err := strconv.ParseBool(v)
 			if err != nil {
-				return nil, status.Errorf(codes.InvalidArgument, "parameter %s=%q: want true or false", k, v)
+				return nil, status.Errorf(codes.InvalidArgument, "parameter %s=%s: want true or false", k, volume.Quote(v))
 			}
 			s.discard = b
 		case ParamReadIOPS, ParamWriteIOPS, ParamReadBPS, ParamWriteBPS:
@@ -136,15 +136,15 @@ func parseRequest(caps []*csi.VolumeCapability, params map[string]string, cr *cs
 			}
 		default:
 			if !strings.HasPrefix(k, provisionerPrefix) {
-				return nil, status.Errorf(codes.InvalidArgument, "unknown parameter %q (known: %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-					k, ParamProvisioning, ParamMkfsOptions, ParamDirectIO, ParamFSType, ParamDiscard,
+				return nil, status.Errorf(codes.InvalidArgument, "unknown parameter %s (known: %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+					volume.Quote(k), ParamProvisioning, ParamMkfsOptions, ParamDirectIO, ParamFSType, ParamDiscard,
 					ParamReadIOPS, ParamWriteIOPS, ParamReadBPS, ParamWriteBPS)
 			}
 		}
 	}
 	if capFS != "" {
 		if r.FSType != "" && r.FSType != capFS {
-			return nil, status.Errorf(codes.InvalidArgument, "parameter %s=%s contradicts the capability's fs_type %s", ParamFSType, r.FSType, capFS)
+			return nil, status.Errorf(codes.InvalidArgument, "parameter %s=%s contradicts the capability's fs_type %s", ParamFSType, volume.Quote(r.FSType), volume.Quote(capFS))
 		}
 		r.FSType = capFS
 	}
@@ -493,7 +493,7 @@ func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (
 	}
 	token := req.GetStartingToken()
 	if token != "" && !volume.ValidUUID(token) {
-		return nil, status.Errorf(codes.Aborted, "starting_token %q was not issued by this driver", token)
+		return nil, status.Errorf(codes.Aborted, "starting_token %s was not issued by this driver", volume.Quote(token))
 	}
 	vols, err := d.store.List()
 	if err != nil {

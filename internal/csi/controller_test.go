@@ -498,3 +498,74 @@ func TestCapacityThinAndThick(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRefusalsEchoShort: a refused value from the CO, however long, is
+// shown in the error (and so in the log) as a short prefix only.
+func TestRefusalsEchoShort(t *testing.T) {
+	long := strings.Repeat("9", 1<<20)
+	word := strings.Repeat("x", 1<<20)
+	block := rwCap(volume.ModeBlock, "")
+	mountCap := func(fs string, flags ...string) *csi.VolumeCapability {
+		c := rwCap(volume.ModeFilesystem, fs)
+		c.GetMount().MountFlags = flags
+		return c
+	}
+	create := func(c *csi.VolumeCapability, params map[string]string) func() error {
+		return func() error {
+			_, err := parseRequest([]*csi.VolumeCapability{c}, params, &csi.CapacityRange{RequiredBytes: 512 * mib})
+			return err
+		}
+	}
+	modify := func(params map[string]string) func() error {
+		return func() error {
+			if err := checkMutable(params); err != nil {
+				return err
+			}
+			_, _, err := changeFor(&volume.Volume{Mode: volume.ModeFilesystem, FSType: "ext4"}, params)
+			return err
+		}
+	}
+	d := &Driver{}
+	tests := []struct {
+		name  string
+		call  func() error
+		names string // the message names this
+	}{
+		{"create bytes per second", create(block, map[string]string{ParamReadBPS: long}), ParamReadBPS},
+		{"create bytes per second, fraction", create(block, map[string]string{ParamWriteBPS: "1." + long}), ParamWriteBPS},
+		{"create IOPS", create(block, map[string]string{ParamReadIOPS: long}), ParamReadIOPS},
+		{"create directIO", create(block, map[string]string{ParamDirectIO: word}), ParamDirectIO},
+		{"create discard", create(block, map[string]string{ParamDiscard: word}), ParamDiscard},
+		{"create provisioning", create(block, map[string]string{ParamProvisioning: word}), ParamProvisioning},
+		{"create unknown parameter", create(block, map[string]string{word: "x"}), "unknown parameter"},
+		{"create fsType", create(mountCap(""), map[string]string{ParamFSType: word}), "filesystem"},
+		{"create fsType against capability", create(mountCap("ext4"), map[string]string{ParamFSType: word}), ParamFSType},
+		{"create mkfsOptions", create(mountCap(""), map[string]string{ParamMkfsOptions: word}), "mkfs option"},
+		{"create mkfsOptions value", create(mountCap(""), map[string]string{ParamMkfsOptions: "-L " + word}), "mkfs option"},
+		{"create mount flag", create(mountCap("", word), nil), "mount option"},
+		{"modify bytes per second", modify(map[string]string{ParamWriteBPS: long}), ParamWriteBPS},
+		{"modify IOPS", modify(map[string]string{ParamWriteIOPS: word}), ParamWriteIOPS},
+		{"modify directIO", modify(map[string]string{ParamDirectIO: word}), ParamDirectIO},
+		{"modify provisioning", modify(map[string]string{ParamProvisioning: word}), ParamProvisioning},
+		{"modify unknown parameter", modify(map[string]string{word: "x"}), "cannot be changed"},
+		{"snapshot parameter", func() error { return checkSnapshotParameters(map[string]string{word: "x"}) }, "snapshot parameter"},
+		{"volume id", func() error { _, err := d.lookup(word); return err }, "volume id"},
+		{"node path", func() error { return checkNodePath(DefaultKubeletDir, "target_path", "/"+word) }, "target_path"},
+		{"relative node path", func() error { return checkNodePath(DefaultKubeletDir, "target_path", word[:4000]) }, "target_path"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.call()
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			msg := status.Convert(toStatus(err)).Message()
+			if len(msg) > 512 {
+				t.Errorf("message of %d bytes echoes the value: %.160s...", len(msg), msg)
+			}
+			if !strings.Contains(msg, tc.names) {
+				t.Errorf("message %.300q does not name %q", msg, tc.names)
+			}
+		})
+	}
+}

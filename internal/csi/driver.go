@@ -171,7 +171,7 @@ func (f *inflight) acquire(key string) (func(), error) {
 // never a name (a name that happens to look like an id must not match).
 func (d *Driver) lookup(id string) (*volume.Volume, error) {
 	if !volume.ValidUUID(id) {
-		return nil, fmt.Errorf("volume id %q is not a volume UUID: %w", id, volume.ErrNotFound)
+		return nil, fmt.Errorf("volume id %s is not a volume UUID: %w", volume.Quote(id), volume.ErrNotFound)
 	}
 	v, err := d.store.Get(id)
 	if err != nil {

@@ -33,7 +33,7 @@ func (d *Driver) GroupControllerGetCapabilities(context.Context, *csi.GroupContr
 // none is ErrNotFound.
 func (d *Driver) groupMembers(ctx context.Context, id string) ([]*volume.Snapshot, error) {
 	if volume.ValidateName(id) != nil {
-		return nil, status.Errorf(codes.NotFound, "group snapshot id %q is not one this driver issues", id)
+		return nil, status.Errorf(codes.NotFound, "group snapshot id %s is not one this driver issues", volume.Quote(id))
 	}
 	all, err := d.store.ListSnapshots(ctx)
 	if err != nil {

@@ -31,7 +31,7 @@ var mutableParams = []string{
 func checkMutable(params map[string]string) error {
 	for _, k := range slices.Sorted(maps.Keys(params)) {
 		if !slices.Contains(mutableParams, k) {
-			return status.Errorf(codes.InvalidArgument, "parameter %q cannot be changed on a volume (mutable: %s)", k, strings.Join(mutableParams, ", "))
+			return status.Errorf(codes.InvalidArgument, "parameter %s cannot be changed on a volume (mutable: %s)", volume.Quote(k), strings.Join(mutableParams, ", "))
 		}
 	}
 	return nil
@@ -68,7 +68,7 @@ func parseLimit(k, v string, l *volume.IOLimits) error {
 		l.WriteBPS, err = volume.ParseBPS(v)
 	}
 	if err != nil {
-		return status.Errorf(codes.InvalidArgument, "parameter %s=%q: %v", k, v, err)
+		return status.Errorf(codes.InvalidArgument, "parameter %s: %v", k, err)
 	}
 	return nil
 }
@@ -158,13 +158,13 @@ func changeFor(v *volume.Volume, params map[string]string) (volume.Change, *bool
 		case ParamDirectIO:
 			b, err := strconv.ParseBool(val)
 			if err != nil {
-				return ch, nil, status.Errorf(codes.InvalidArgument, "parameter %s=%q: want true or false", k, val)
+				return ch, nil, status.Errorf(codes.InvalidArgument, "parameter %s=%s: want true or false", k, volume.Quote(val))
 			}
 			ch.DirectIO = &b
 		case ParamDiscard:
 			b, err := strconv.ParseBool(val)
 			if err != nil {
-				return ch, nil, status.Errorf(codes.InvalidArgument, "parameter %s=%q: want true or false", k, val)
+				return ch, nil, status.Errorf(codes.InvalidArgument, "parameter %s=%s: want true or false", k, volume.Quote(val))
 			}
 			discardChanged, discardGiven = b != discard, true
 			discard = b
@@ -177,7 +177,7 @@ func changeFor(v *volume.Volume, params map[string]string) (volume.Change, *bool
 					return ch, nil, status.Errorf(codes.InvalidArgument, "parameter %s=%s: volume %s is thick, and a thick volume does not become thin", k, val, v.UUID)
 				}
 			default:
-				return ch, nil, status.Errorf(codes.InvalidArgument, "parameter %s=%q: want thin or thick", k, val)
+				return ch, nil, status.Errorf(codes.InvalidArgument, "parameter %s=%s: want thin or thick", k, volume.Quote(val))
 			}
 		}
 	}

@@ -339,7 +339,7 @@ func checkMountOptions(options []string) error {
 				(fsMountValues[key] == nil || slices.Contains(fsMountValues[key], value)):
 				continue
 			}
-			return fmt.Errorf("mount option %q is not one sparsevol passes on (mount(2) flags, discard, and ext4 and XFS options that name no path or device): %w", opt, volume.ErrInvalid)
+			return fmt.Errorf("mount option %s is not one sparsevol passes on (mount(2) flags, discard, and ext4 and XFS options that name no path or device): %w", volume.Quote(opt), volume.ErrInvalid)
 		}
 	}
 	return nil

@@ -17,9 +17,10 @@ const DefaultKubeletDir = "/var/lib/kubelet"
 
 // checkNodePath is the one rule for the paths node RPCs are given (staging
 // and target paths, volume paths): absolute, clean, strictly below the
-// kubelet directory, and no existing component a symbolic link, so that
-// what is mounted, unmounted or removed there is where it is named and
-// mountinfo spells it the same way. A violation is ErrInvalid.
+// kubelet directory, shorter than PATH_MAX, and no existing component a
+// symbolic link, so that what is mounted, unmounted or removed there is
+// where it is named and mountinfo spells it the same way. A violation is
+// ErrInvalid.
 //
 // Components that do not exist yet are not checked here: openNodePath
 // makes them, and it walks the whole path again, without following a
@@ -28,15 +29,17 @@ const DefaultKubeletDir = "/var/lib/kubelet"
 // saw may be swapped before the mount.
 func checkNodePath(kubeletDir, field, p string) error {
 	switch {
+	case len(p) >= unix.PathMax:
+		return fmt.Errorf("%s %s is %d bytes long, longer than a path can be: %w", field, volume.Quote(p), len(p), volume.ErrInvalid)
 	case !filepath.IsAbs(p):
-		return fmt.Errorf("%s %q is not an absolute path: %w", field, p, volume.ErrInvalid)
+		return fmt.Errorf("%s %s is not an absolute path: %w", field, volume.Quote(p), volume.ErrInvalid)
 	case filepath.Clean(p) != p:
-		return fmt.Errorf("%s %q is not a clean path (want %q): %w", field, p, filepath.Clean(p), volume.ErrInvalid)
+		return fmt.Errorf("%s %s is not a clean path (want %s): %w", field, volume.Quote(p), volume.Quote(filepath.Clean(p)), volume.ErrInvalid)
 	case !strings.HasPrefix(p, strings.TrimSuffix(kubeletDir, "/")+"/"):
-		return fmt.Errorf("%s %q is not below the kubelet directory %s: %w", field, p, kubeletDir, volume.ErrInvalid)
+		return fmt.Errorf("%s %s is not below the kubelet directory %s: %w", field, volume.Quote(p), kubeletDir, volume.ErrInvalid)
 	}
 	if err := noSymlinks(p); err != nil {
-		return fmt.Errorf("%s %q: %w", field, p, err)
+		return fmt.Errorf("%s %s: %w", field, volume.Quote(p), err)
 	}
 	return nil
 }

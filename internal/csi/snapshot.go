@@ -26,7 +26,7 @@ import (
 func checkSnapshotParameters(params map[string]string) error {
 	for k := range params {
 		if !strings.HasPrefix(k, provisionerPrefix) {
-			return status.Errorf(codes.InvalidArgument, "unknown snapshot parameter %q (snapshots take none)", k)
+			return status.Errorf(codes.InvalidArgument, "unknown snapshot parameter %s (snapshots take none)", volume.Quote(k))
 		}
 	}
 	return nil
@@ -43,7 +43,7 @@ func managedSnapshot(s *volume.Snapshot) bool { return s.Labels[LabelManagedBy] 
 // the snapshot UUID and never a name. Anything else is ErrNotFound.
 func (d *Driver) lookupSnapshot(ctx context.Context, id string) (*volume.Snapshot, error) {
 	if !volume.ValidUUID(id) {
-		return nil, fmt.Errorf("snapshot id %q is not a snapshot UUID: %w", id, volume.ErrNotFound)
+		return nil, fmt.Errorf("snapshot id %s is not a snapshot UUID: %w", volume.Quote(id), volume.ErrNotFound)
 	}
 	s, err := d.store.GetSnapshot(ctx, id)
 	if err != nil {
@@ -173,7 +173,7 @@ func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsReques
 	}
 	token := req.GetStartingToken()
 	if token != "" && !volume.ValidUUID(token) {
-		return nil, status.Errorf(codes.Aborted, "starting_token %q was not issued by this driver", token)
+		return nil, status.Errorf(codes.Aborted, "starting_token %s was not issued by this driver", volume.Quote(token))
 	}
 	byID, bySource := req.GetSnapshotId(), req.GetSourceVolumeId()
 	resp := &csi.ListSnapshotsResponse{}

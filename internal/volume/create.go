@@ -119,17 +119,17 @@ func (r *CreateRequest) NormalizeLayout() error {
 			r.FSType = "ext4"
 		}
 		if _, ok := mkfsAllowed[r.FSType]; !ok {
-			return fmt.Errorf("filesystem %q is not supported (ext4, xfs): %w", r.FSType, ErrInvalid)
+			return fmt.Errorf("filesystem %s is not supported (ext4, xfs): %w", Quote(r.FSType), ErrInvalid)
 		}
 		if r.NoPartition {
 			return fmt.Errorf("no-partition applies to block mode only: %w", ErrInvalid)
 		}
 	case ModeBlock:
 		if r.FSType != "" {
-			return fmt.Errorf("a filesystem (%s) cannot be given for a block mode volume: %w", r.FSType, ErrInvalid)
+			return fmt.Errorf("a filesystem (%s) cannot be given for a block mode volume: %w", Quote(r.FSType), ErrInvalid)
 		}
 	default:
-		return fmt.Errorf("mode %q is not supported (filesystem, block): %w", r.Mode, ErrInvalid)
+		return fmt.Errorf("mode %s is not supported (filesystem, block): %w", Quote(string(r.Mode)), ErrInvalid)
 	}
 	opts, err := NormalizeMkfsOptions(r.FSType, r.MkfsOptions)
 	if err != nil {

@@ -21,6 +21,10 @@ import (
 // several). An option is a token of its own: attached values (-b4096,
 // -Urandom, -muuid=...) are refused, so that no value can hide an option.
 
+// maxMkfsToken bounds one token of mkfs options: every allowed option and
+// value fits, and a refusal echoing a token stays short.
+const maxMkfsToken = 1024
+
 // mkfsOption is one allowed option; value checks its argument (nil: the
 // option takes none).
 type mkfsOption struct {
@@ -183,11 +187,16 @@ func NormalizeMkfsOptions(fsType string, opts []string) ([]string, error) {
 	if !ok {
 		return nil, fmt.Errorf("mkfs options cannot be given for %s: %w", kindName(fsType), ErrInvalid)
 	}
+	for _, tok := range tokens {
+		if len(tok) > maxMkfsToken {
+			return nil, fmt.Errorf("mkfs option %s is %d bytes long, at most %d: %w", Quote(tok), len(tok), maxMkfsToken, ErrInvalid)
+		}
+	}
 	for i := 0; i < len(tokens); i++ {
 		tok := tokens[i]
 		opt, ok := allowed[tok]
 		if !ok {
-			return nil, fmt.Errorf("mkfs option %q for %s: %s: %w", tok, fsType, whyRefused(fsType, tok), ErrInvalid)
+			return nil, fmt.Errorf("mkfs option %s for %s: %s: %w", Quote(tok), fsType, whyRefused(fsType, tok), ErrInvalid)
 		}
 		if opt.value == nil {
 			continue
@@ -201,7 +210,7 @@ func NormalizeMkfsOptions(fsType string, opts []string) ([]string, error) {
 			err = opt.value(tokens[i])
 		}
 		if err != nil {
-			return nil, fmt.Errorf("mkfs option %s %q for %s: %v: %w", tok, tokens[i], fsType, err, ErrInvalid)
+			return nil, fmt.Errorf("mkfs option %s %s for %s: %v: %w", tok, Quote(tokens[i]), fsType, err, ErrInvalid)
 		}
 	}
 	return tokens, nil
