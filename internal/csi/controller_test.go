@@ -127,6 +127,7 @@ func TestParseRequest(t *testing.T) {
 		{name: "mkfs xfs uuid", caps: []*csi.VolumeCapability{mount("xfs")}, params: map[string]string{ParamMkfsOptions: "-muuid=11111111-1111-1111-1111-111111111111"}, code: codes.InvalidArgument},
 		{name: "mkfs dry run", caps: []*csi.VolumeCapability{mount("")}, params: map[string]string{ParamMkfsOptions: "-n"}, code: codes.InvalidArgument},
 		{name: "mkfs xfs dry run", caps: []*csi.VolumeCapability{mount("xfs")}, params: map[string]string{ParamMkfsOptions: "-N"}, code: codes.InvalidArgument},
+		{name: "mkfs errors=panic", caps: []*csi.VolumeCapability{mount("")}, params: map[string]string{ParamMkfsOptions: "-e panic"}, code: codes.InvalidArgument},
 		{name: "I/O limits", caps: []*csi.VolumeCapability{block},
 			params: map[string]string{ParamReadIOPS: "300", ParamWriteIOPS: "max", ParamReadBPS: "1.5Mi", ParamWriteBPS: "10M"},
 			check: func(s *spec) error {

@@ -105,6 +105,8 @@ func TestCheckMountOptions(t *testing.T) {
 		{[]string{"logdev=/dev/vda"}, false},
 		{[]string{"journal_path=/dev/vda"}, false},
 		{[]string{"errors=panic"}, false},
+		{[]string{"errors=continue"}, true},
+		{[]string{"errors=remount-ro,errors=panic"}, false},
 		{[]string{"commit=/etc"}, false},
 		{[]string{"commit="}, false},
 		{[]string{"noatime,"}, false},

@@ -314,9 +314,10 @@ var fsMountOptions = map[string]bool{
 	"gquota": true, "gqnoenforce": true, "sunit=": true, "swidth=": true, "swalloc": true, "wsync": true,
 }
 
-// fsMountValues are the only values the keys listed take.
+// fsMountValues are the only values the keys listed take; errors= takes
+// volume's Ext4ErrorBehaviors, the rule mkfs -e follows too.
 var fsMountValues = map[string][]string{
-	"errors":   {"continue", "remount-ro"},
+	"errors":   volume.Ext4ErrorBehaviors,
 	"data":     {"ordered", "writeback", "journal"},
 	"data_err": {"ignore", "abort"},
 }

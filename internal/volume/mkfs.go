@@ -63,7 +63,7 @@ var mkfsAllowed = map[string]map[string]mkfsOption{
 	"ext4": {
 		"-b": {powerOfTwo(1024, 65536)},
 		"-C": {powerOfTwo(1024, 1<<28)},
-		"-e": {oneOf("continue", "remount-ro", "panic")},
+		"-e": {ext4Errors},
 		"-E": {subOptions("extended option", ext4Extended, nil)},
 		"-g": {multipleOf(8, 256, 65528)},
 		"-G": {powerOfTwo(1, 1<<31)},
@@ -144,6 +144,22 @@ var mkfsAllowed = map[string]map[string]mkfsOption{
 		"-K": {},
 		"-L": {label(12)},
 	},
+}
+
+// Ext4ErrorBehaviors are the only ext4 error behaviours a volume may be
+// given, by mkfs -e or by the errors= mount option (package csi's mount
+// allow-list): never panic. On a thin, overcommitted store a full backing
+// file surfaces as ext4 errors, and a volume's errors must not panic the
+// node's kernel.
+var Ext4ErrorBehaviors = []string{"continue", "remount-ro"}
+
+// ext4Errors checks the value of mkfs -e against Ext4ErrorBehaviors.
+func ext4Errors(v string) error {
+	if v == "panic" {
+		return fmt.Errorf("panic is refused: a volume's filesystem errors (a full thin store makes them) must not panic the node; want one of %s",
+			strings.Join(Ext4ErrorBehaviors, ", "))
+	}
+	return oneOf(Ext4ErrorBehaviors...)(v)
 }
 
 var ext4Extended = map[string]func(string) error{
