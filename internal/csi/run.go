@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/sparsevol/sparsevol/internal/kubelet"
+	"github.com/sparsevol/sparsevol/internal/unixsock"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
@@ -38,7 +39,8 @@ type PluginConfig struct {
 // registration and the metrics where asked, until ctx ends or one of the
 // servers fails; the others are then stopped, and Run returns the first
 // failure. Configuration errors wrap volume.ErrInvalid, and nothing is
-// served then.
+// served then; so is a socket path another plugin listens on
+// (unixsock.ErrInUse), refused before the store is opened.
 func Run(ctx context.Context, cfg PluginConfig) error {
 	log := cfg.Logger
 	if log == nil {
@@ -61,6 +63,16 @@ func Run(ctx context.Context, cfg PluginConfig) error {
 			// here it is kubelet's plugins_registry.
 			return fmt.Errorf("registration socket %s is the CSI socket; give kubelet's plugin registry (%s/) or a socket in it: %w",
 				cfg.Registration, kubelet.DefaultRegistrationDir, volume.ErrInvalid)
+		}
+	}
+	// Refused before the store is touched: a socket another plugin
+	// listens on (Listen checks again when it replaces a stale one).
+	for _, p := range []string{cfg.Socket, regSocket} {
+		if p == "" {
+			continue
+		}
+		if err := unixsock.Vacant(p); err != nil {
+			return err
 		}
 	}
 	// The plugin owns its store: make it if the host path is missing.

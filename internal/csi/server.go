@@ -44,8 +44,9 @@ func ParseEndpoint(endpoint string) (string, error) {
 	return filepath.Clean(path), nil
 }
 
-// Listen makes the CSI endpoint socket (replacing a stale one): 0600, or
-// 0660 with group gid unless gid is unixsock.NoGroup. Closing it removes it.
+// Listen makes the CSI endpoint socket (replacing a stale one, never one
+// another plugin listens on: unixsock.ErrInUse): 0600, or 0660 with group
+// gid unless gid is unixsock.NoGroup. Closing it removes it.
 func Listen(path string, gid int) (net.Listener, error) {
 	return unixsock.Listen(path, gid)
 }

@@ -132,8 +132,9 @@ func (s *Server) Status() Status {
 func (s *Server) Notified() <-chan struct{} { return s.notified }
 
 // Listen makes the registration socket (unixsock.Listen: 0600, or 0660
-// with group gid): a stale socket from an earlier run is replaced (never a
-// file of another kind), the directory is created. Kubelet's watcher may
+// with group gid): a stale socket from an earlier run is replaced, never
+// one another plugin listens on (unixsock.ErrInUse) nor a file of another
+// kind; the directory is created. Kubelet's watcher may
 // dial the socket the moment it appears; the connection waits in the
 // listen backlog until Serve answers it. Closing the listener removes the
 // socket while it is still this one: a newer process may have replaced it.

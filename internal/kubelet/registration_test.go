@@ -2,6 +2,7 @@ package kubelet
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -180,6 +181,14 @@ func TestStopKeepsReplacedSocket(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, l) }()
+	// Listen refuses a live socket: the newer process finds the path
+	// free, as after a removal by hand.
+	if _, err := Listen(sock, unixsock.NoGroup); !errors.Is(err, unixsock.ErrInUse) {
+		t.Fatalf("listen on a live socket: %v, want ErrInUse", err)
+	}
+	if err := os.Remove(sock); err != nil {
+		t.Fatal(err)
+	}
 	l2, err := Listen(sock, unixsock.NoGroup) // the newer process
 	if err != nil {
 		t.Fatal(err)

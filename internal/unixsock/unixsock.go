@@ -13,8 +13,11 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/fsutil"
 )
 
 // NoGroup, as Listen's gid, keeps the socket to its owner (0600).
@@ -63,22 +66,93 @@ func (l *Listener) Close() error {
 	return err
 }
 
+// ErrInUse is the error of a socket path another process listens on.
+var ErrInUse = errors.New("another plugin is listening on the socket")
+
+// Vacant checks that path may take a new socket: nothing is there, or a
+// stale socket, one that nobody listens on (a connection to it is
+// refused). A socket someone listens on is ErrInUse; any other kind of
+// file, a symbolic link included, or a socket whose state cannot be told
+// is refused too. Nothing is changed. The socket is opened without
+// following a link (O_PATH|O_NOFOLLOW) and proven a socket on that
+// descriptor, and the connection goes to that descriptor (through
+// /proc/self/fd), so a link swapped in after the check leads nowhere
+// else.
+func Vacant(path string) error {
+	_, err := stale(path)
+	return err
+}
+
+// stale is Vacant; it also returns the stale socket it found, nil when
+// nothing is at path.
+func stale(path string) (os.FileInfo, error) {
+	fi, err := os.Lstat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("socket %s: %w", path, err)
+	case fi.Mode()&fs.ModeSocket == 0:
+		return nil, fmt.Errorf("socket %s: exists and is not a socket (%s); move it away or choose another path", path, fi.Mode().Type())
+	}
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err == nil {
+		fd, err = fsutil.CheckFD(fd, func(st *unix.Stat_t) error {
+			if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+				return errors.New("was replaced by a file that is not a socket")
+			}
+			if got, ok := fi.Sys().(*syscall.Stat_t); !ok || got.Dev != st.Dev || got.Ino != st.Ino {
+				return errors.New("was replaced while it was checked")
+			}
+			return nil
+		})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("socket %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	err = connectFD(fd)
+	switch {
+	case errors.Is(err, unix.ECONNREFUSED):
+		return fi, nil
+	case err == nil, errors.Is(err, unix.EAGAIN):
+		// EAGAIN: a listener with a full backlog.
+		return nil, fmt.Errorf("%w %s; stop it first, or choose another path", ErrInUse, path)
+	}
+	return nil, fmt.Errorf("socket %s: cannot tell whether anyone listens on it: %w", path, err)
+}
+
+// connectFD connects a stream socket to the socket fd is open on (an
+// O_PATH descriptor) and closes the connection at once.
+func connectFD(fd int) error {
+	s, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(s)
+	return unix.Connect(s, &unix.SockaddrUnix{Name: "/proc/self/fd/" + strconv.Itoa(fd)})
+}
+
 // Listen makes a listening socket at path: mode 0600, or 0660 with group
 // gid when gid is not NoGroup. A stale socket left by a previous run is
-// replaced (only a socket, never another kind of file); the directory is
-// created (0750) if missing.
+// removed (Vacant: only a socket nobody listens on, never a live one or
+// another kind of file); the directory is created (0750) if missing.
 //
 // The socket is bound inside a fresh 0700 directory next to path, given
 // its mode and group there, and only then renamed into place (without
 // replacing anything), so it never exists at a reachable path with the
 // permissions bind gave it under the process umask.
 func Listen(path string, gid int) (*Listener, error) {
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&fs.ModeSocket == 0 {
-			return nil, fmt.Errorf("listen %s: exists and is not a socket", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("listen %s: remove stale socket: %w", path, err)
+	old, err := stale(path)
+	if err != nil {
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	if old != nil {
+		// Removed only while the name still leads to the socket checked.
+		if now, err := os.Lstat(path); err == nil && os.SameFile(old, now) {
+			if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return nil, fmt.Errorf("listen %s: remove stale socket: %w", path, err)
+			}
 		}
 	}
 	dir := filepath.Dir(path)

@@ -1,6 +1,7 @@
 package unixsock_test
 
 import (
+	"errors"
 	"io/fs"
 	"net"
 	"os"
@@ -157,4 +158,127 @@ func TestListenKeepsOtherFiles(t *testing.T) {
 	if b, err := os.ReadFile(file); err != nil || string(b) != "x" {
 		t.Fatalf("regular file changed: %q %v", b, err)
 	}
+}
+
+// shortDir is a fresh directory with a short path (sun_path is 108
+// bytes), removed at the end of the test.
+func shortDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "svsock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// staleSocket leaves a socket at path that nobody listens on.
+func staleSocket(t *testing.T, path string) {
+	t.Helper()
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetUnlinkOnClose(false)
+	l.Close()
+}
+
+// TestListenExisting: what is at the path decides. A stale socket is
+// replaced; a socket someone listens on is refused with ErrInUse and
+// left to its listener, as is any other file, a symbolic link (to a live
+// or a stale socket) included. The CSI and registration sockets alike.
+func TestListenExisting(t *testing.T) {
+	listens := []struct {
+		name   string
+		listen func(path string, gid int) (net.Listener, error)
+	}{
+		{"csi", csi.Listen},
+		{"kubelet", kubelet.Listen},
+		{"unixsock", func(path string, gid int) (net.Listener, error) { return unixsock.Listen(path, gid) }},
+	}
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, dir, path string)
+		ok    bool
+		inUse bool
+	}{
+		{"nothing", func(t *testing.T, dir, path string) {}, true, false},
+		{"stale socket", func(t *testing.T, dir, path string) { staleSocket(t, path) }, true, false},
+		{"live socket", func(t *testing.T, dir, path string) { live(t, path) }, false, true},
+		{"link to a live socket", func(t *testing.T, dir, path string) {
+			live(t, filepath.Join(dir, "other.sock"))
+			if err := os.Symlink(filepath.Join(dir, "other.sock"), path); err != nil {
+				t.Fatal(err)
+			}
+		}, false, false},
+		{"link to a stale socket", func(t *testing.T, dir, path string) {
+			staleSocket(t, filepath.Join(dir, "other.sock"))
+			if err := os.Symlink(filepath.Join(dir, "other.sock"), path); err != nil {
+				t.Fatal(err)
+			}
+		}, false, false},
+		{"directory", func(t *testing.T, dir, path string) {
+			if err := os.Mkdir(path, 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}, false, false},
+	}
+	for _, l := range listens {
+		for _, tc := range tests {
+			t.Run(l.name+"/"+tc.name, func(t *testing.T) {
+				dir := shortDir(t)
+				path := filepath.Join(dir, "csi.sock")
+				tc.setup(t, dir, path)
+				before, _ := os.Lstat(path)
+				if err := unixsock.Vacant(path); (err == nil) != tc.ok || errors.Is(err, unixsock.ErrInUse) != tc.inUse {
+					t.Errorf("Vacant: %v, want ok %v, in use %v", err, tc.ok, tc.inUse)
+				}
+				ln, err := l.listen(path, unixsock.NoGroup)
+				if (err == nil) != tc.ok || errors.Is(err, unixsock.ErrInUse) != tc.inUse {
+					t.Fatalf("listen: %v, want ok %v, in use %v", err, tc.ok, tc.inUse)
+				}
+				if tc.ok {
+					if err := ln.Close(); err != nil {
+						t.Fatal(err)
+					}
+					return
+				}
+				after, err := os.Lstat(path)
+				if err != nil || !os.SameFile(before, after) {
+					t.Errorf("refused listen changed %s: %v", path, err)
+				}
+				if ents, _ := os.ReadDir(dir); len(ents) > 2 {
+					t.Errorf("refused listen left %d entries in the directory", len(ents))
+				}
+			})
+		}
+	}
+}
+
+// live listens on path until the test ends and checks at the end that
+// it still answers there.
+func live(t *testing.T, path string) {
+	t.Helper()
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() {
+		defer l.Close()
+		c, err := net.Dial("unix", path)
+		if err != nil {
+			t.Errorf("the live socket at %s no longer answers: %v", path, err)
+			return
+		}
+		c.Close()
+	})
 }
