@@ -26,6 +26,30 @@ import (
 // DefaultDriverName is the CSI driver name when none is configured.
 const DefaultDriverName = "sparsevol.csi.io"
 
+// maxDriverName is the longest CSI driver name the CSI spec allows.
+const maxDriverName = 63
+
+// checkDriverName is the rule for the CSI driver name, the CSI spec's for
+// the name GetPluginInfo returns: at most maxDriverName characters, ASCII
+// letters and digits with '-' and '.' between, beginning and ending with
+// a letter or digit. The name also names kubelet's registration socket
+// (kubelet.SocketPath: <name>-reg.sock), which the rule keeps one file
+// name in its directory. A violation wraps volume.ErrInvalid.
+func checkDriverName(name string) error {
+	ok := name != "" && len(name) <= maxDriverName && alnum(name[0]) && alnum(name[len(name)-1])
+	for i := 0; ok && i < len(name); i++ {
+		ok = alnum(name[i]) || name[i] == '-' || name[i] == '.'
+	}
+	if !ok {
+		return fmt.Errorf("driver name %s: want at most %d characters, ASCII letters and digits with '-' and '.' between, "+
+			"beginning and ending with a letter or digit (the CSI spec's plugin name), e.g. %s: %w",
+			volume.Quote(name), maxDriverName, DefaultDriverName, volume.ErrInvalid)
+	}
+	return nil
+}
+
+func alnum(c byte) bool { return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' }
+
 // Labels the driver keeps on the volumes it creates.
 const (
 	// LabelCSIName records the CreateVolume name, which makes CreateVolume
@@ -48,7 +72,8 @@ const TopologyKey = "topology.sparsevol.io/node"
 
 // Config configures a Driver.
 type Config struct {
-	// DriverName is the CSI driver name (GetPluginInfo).
+	// DriverName is the CSI driver name (GetPluginInfo), checked by
+	// checkDriverName; DefaultDriverName when empty.
 	DriverName string
 	// Version is reported by GetPluginInfo.
 	Version string
@@ -95,29 +120,11 @@ type Driver struct {
 
 // New validates cfg and returns a Driver.
 func New(cfg Config) (*Driver, error) {
-	if cfg.NodeID == "" {
-		return nil, fmt.Errorf("csi driver: node id is empty: %w", volume.ErrInvalid)
+	if err := cfg.normalize(); err != nil {
+		return nil, err
 	}
 	if cfg.Store == nil {
 		return nil, fmt.Errorf("csi driver: no volume store: %w", volume.ErrInvalid)
-	}
-	if cfg.MaxVolumes < 0 {
-		return nil, fmt.Errorf("csi driver: max volumes %d is negative: %w", cfg.MaxVolumes, volume.ErrInvalid)
-	}
-	if cfg.DriverName == "" {
-		cfg.DriverName = DefaultDriverName
-	}
-	if cfg.Version == "" {
-		cfg.Version = "devel"
-	}
-	if cfg.KubeletDir == "" {
-		cfg.KubeletDir = DefaultKubeletDir
-	}
-	if !filepath.IsAbs(cfg.KubeletDir) || filepath.Clean(cfg.KubeletDir) != cfg.KubeletDir {
-		return nil, fmt.Errorf("csi driver: kubelet directory %q is not an absolute, clean path: %w", cfg.KubeletDir, volume.ErrInvalid)
-	}
-	if err := noSymlinks(cfg.KubeletDir); err != nil {
-		return nil, fmt.Errorf("csi driver: kubelet directory: %w", err)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -137,6 +144,38 @@ func New(cfg Config) (*Driver, error) {
 		resizer:    mount.NewResizeFs(cfg.Mounter.Exec),
 		busy:       inflight{keys: map[string]struct{}{}},
 	}, nil
+}
+
+// normalize fills cfg's defaults and checks what needs no store: node id,
+// max volumes, driver name (checkDriverName) and kubelet directory. New
+// calls it; Run calls it first, so that a bad configuration is refused
+// before anything is made. Errors wrap volume.ErrInvalid.
+func (cfg *Config) normalize() error {
+	if cfg.NodeID == "" {
+		return fmt.Errorf("csi driver: node id is empty: %w", volume.ErrInvalid)
+	}
+	if cfg.MaxVolumes < 0 {
+		return fmt.Errorf("csi driver: max volumes %d is negative: %w", cfg.MaxVolumes, volume.ErrInvalid)
+	}
+	if cfg.DriverName == "" {
+		cfg.DriverName = DefaultDriverName
+	}
+	if err := checkDriverName(cfg.DriverName); err != nil {
+		return fmt.Errorf("csi driver: %w", err)
+	}
+	if cfg.Version == "" {
+		cfg.Version = "devel"
+	}
+	if cfg.KubeletDir == "" {
+		cfg.KubeletDir = DefaultKubeletDir
+	}
+	if !filepath.IsAbs(cfg.KubeletDir) || filepath.Clean(cfg.KubeletDir) != cfg.KubeletDir {
+		return fmt.Errorf("csi driver: kubelet directory %q is not an absolute, clean path: %w", cfg.KubeletDir, volume.ErrInvalid)
+	}
+	if err := noSymlinks(cfg.KubeletDir); err != nil {
+		return fmt.Errorf("csi driver: kubelet directory: %w", err)
+	}
+	return nil
 }
 
 // topology is the accessible topology of every volume of this node.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -415,6 +416,55 @@ func TestNewChecksKubeletDir(t *testing.T) {
 		}
 		if tc.ok && tc.dir == "" && d.kubeletDir != DefaultKubeletDir {
 			t.Errorf("default kubelet dir %q, want %q", d.kubeletDir, DefaultKubeletDir)
+		}
+	}
+}
+
+// TestNewChecksDriverName holds the driver name to the CSI spec's rule
+// for plugin names: a refused name is ErrInvalid, an accepted one is what
+// GetPluginInfo returns.
+func TestNewChecksDriverName(t *testing.T) {
+	store, err := volume.Open(t.TempDir(), volume.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		want string // what GetPluginInfo returns; "" for a refusal
+	}{
+		{"", DefaultDriverName},
+		{"sparsevol.csi.io", "sparsevol.csi.io"},
+		{"a", "a"},
+		{"A-9.b", "A-9.b"},
+		{"x" + strings.Repeat("-", maxDriverName-2) + "y", "x" + strings.Repeat("-", maxDriverName-2) + "y"},
+		{strings.Repeat("x", maxDriverName+1), ""},
+		{"../audit3-escaped", ""},
+		{"a/b", ""},
+		{"..", ""},
+		{".a", ""},
+		{"a.", ""},
+		{"-a", ""},
+		{"a-", ""},
+		{"a_b", ""},
+		{"a b", ""},
+		{"a\x00b", ""},
+		{"caf\u00e9", ""},
+	}
+	for _, tc := range tests {
+		d, err := New(Config{NodeID: "n", Store: store, DriverName: tc.name})
+		if tc.want == "" {
+			if !errors.Is(err, volume.ErrInvalid) || !strings.Contains(err.Error(), "driver name") {
+				t.Errorf("New with driver name %q: %v, want ErrInvalid naming the driver name", tc.name, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("New with driver name %q: %v", tc.name, err)
+			continue
+		}
+		info, err := d.GetPluginInfo(context.Background(), &csi.GetPluginInfoRequest{})
+		if err != nil || info.GetName() != tc.want {
+			t.Errorf("driver name %q: GetPluginInfo = %v, %v; want %q", tc.name, info, err, tc.want)
 		}
 	}
 }

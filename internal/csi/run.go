@@ -46,6 +46,12 @@ func Run(ctx context.Context, cfg PluginConfig) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	// The driver's configuration first: the driver name names the
+	// registration socket.
+	drvCfg := cfg.Driver
+	if err := drvCfg.normalize(); err != nil {
+		return err
+	}
 	var reg *kubelet.Server
 	regSocket := ""
 	if cfg.Registration != "" {
@@ -54,10 +60,10 @@ func Run(ctx context.Context, cfg PluginConfig) error {
 			endpoint = cfg.Socket
 		}
 		var err error
-		if reg, err = kubelet.New(kubelet.Config{DriverName: cfg.Driver.DriverName, Endpoint: endpoint, Logger: log}); err != nil {
+		if reg, err = kubelet.New(kubelet.Config{DriverName: drvCfg.DriverName, Endpoint: endpoint, Logger: log}); err != nil {
 			return fmt.Errorf("%w: %w", err, volume.ErrInvalid)
 		}
-		regSocket = kubelet.SocketPath(cfg.Registration, cfg.Driver.DriverName)
+		regSocket = kubelet.SocketPath(cfg.Registration, drvCfg.DriverName)
 		if regSocket == cfg.Socket {
 			// node-driver-registrar's flag of this name is the CSI socket;
 			// here it is kubelet's plugins_registry.
@@ -92,7 +98,6 @@ func Run(ctx context.Context, cfg PluginConfig) error {
 	if err := store.ThawLeftovers(); err != nil {
 		log.Warn("could not thaw every filesystem a killed snapshot left frozen", "error", err)
 	}
-	drvCfg := cfg.Driver
 	drvCfg.Store, drvCfg.Logger, drvCfg.Metrics = store, log, NewMetrics(store)
 	drv, err := New(drvCfg)
 	if err != nil {

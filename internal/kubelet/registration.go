@@ -34,7 +34,8 @@ var SupportedVersions = []string{"1.0.0"}
 // SocketPath turns the --kubelet-registration-path value into the path of
 // the registration socket: a directory (an existing one, or a path ending in
 // "/") gets "<driver>-reg.sock" in it, the name node-driver-registrar uses;
-// anything else is the socket path itself.
+// anything else is the socket path itself. driverName is a CSI driver
+// name package csi has checked, so the socket stays in the directory.
 func SocketPath(path, driverName string) string {
 	if strings.HasSuffix(path, "/") {
 		return filepath.Join(path, driverName+"-reg.sock")
@@ -47,7 +48,7 @@ func SocketPath(path, driverName string) string {
 
 // Config of a registration server.
 type Config struct {
-	DriverName string // CSI driver name
+	DriverName string // CSI driver name, checked by package csi
 	// Endpoint is the CSI socket path as kubelet sees it (kubelet connects
 	// to it after GetInfo). Required.
 	Endpoint string
