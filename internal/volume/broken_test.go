@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -189,7 +190,8 @@ func TestDeleteBroken(t *testing.T) {
 }
 
 // corruptRecord rewrites one field of the metadata file at path, as an
-// attacker who can write the store's metadata would.
+// attacker who can write the store's metadata would; with no field, value
+// is a map[string]any of the fields to rewrite.
 func corruptRecord(t *testing.T, path, field string, value any) {
 	t.Helper()
 	data, err := os.ReadFile(path)
@@ -200,7 +202,11 @@ func corruptRecord(t *testing.T, path, field string, value any) {
 	if err := json.Unmarshal(data, &rec); err != nil {
 		t.Fatal(err)
 	}
-	rec[field] = value
+	if field == "" {
+		maps.Copy(rec, value.(map[string]any))
+	} else {
+		rec[field] = value
+	}
 	if data, err = json.Marshal(rec); err != nil {
 		t.Fatal(err)
 	}
@@ -209,8 +215,9 @@ func corruptRecord(t *testing.T, path, field string, value any) {
 	}
 }
 
-// fieldCorruption is a record with one field no store writes, and the
-// reason the record is refused with.
+// fieldCorruption is a record with one field no store writes (no field:
+// value maps the fields of a combination no store writes), and the reason
+// the record is refused with.
 type fieldCorruption struct {
 	name   string
 	field  string
@@ -244,8 +251,25 @@ var snapshotFieldCorruptions = []fieldCorruption{
 	{"source not a uuid", "sourceUUID", "../x", `source uuid "../x"`},
 	{"source in upper case", "sourceUUID", "0B7E4BD6-1C2B-4A57-9D6A-0E5D7F4E2F10", "source uuid"},
 	{"no source", "sourceUUID", "", `source uuid ""`},
+	{"source name with a slash", "sourceName", "a/b", `source: name "a/b" contains '/'`},
+	{"source name with an escape", "sourceName", "v\x1b[2J", "source: name"},
+	{"source name like a uuid", "sourceName", "0b7e4bd6-1c2b-4a57-9d6a-0e5d7f4e2f10", "source: name"},
+	{"no source name", "sourceName", "", "source: name is empty"},
 	{"group with a slash", "group", "a/b", `group: name "a/b" contains '/'`},
 	{"group with an escape", "group", "g\x1b[2J", "group: name"},
+}
+
+// volumeFieldCorruptions are corruptions of fields only volume records
+// have.
+var volumeFieldCorruptions = []fieldCorruption{
+	{"from snapshot not a uuid", "fromSnapshot", "../x", `source snapshot uuid "../x"`},
+	{"from snapshot in upper case", "fromSnapshot", "0B7E4BD6-1C2B-4A57-9D6A-0E5D7F4E2F10", "source snapshot uuid"},
+	{"cloned from not a uuid", "clonedFrom", "v\x1b[2J", "source volume uuid"},
+	{"cloned from in upper case", "clonedFrom", "0B7E4BD6-1C2B-4A57-9D6A-0E5D7F4E2F10", "source volume uuid"},
+	{"two sources", "", map[string]any{
+		"fromSnapshot": "0b7e4bd6-1c2b-4a57-9d6a-0e5d7f4e2f10",
+		"clonedFrom":   "1c8f5ce7-2d3c-4b68-8e7b-1f6e8a5f3a21",
+	}, "one source at most"},
 }
 
 // TestSnapshotRecordFieldsChecked: a snapshot record with a field no store
@@ -301,7 +325,7 @@ func TestSnapshotRecordFieldsChecked(t *testing.T) {
 // the source of a clone (changing nothing), and removed by Delete with
 // its backing file, leaving no loop device.
 func TestVolumeRecordFieldsChecked(t *testing.T) {
-	for _, tt := range fieldCorruptions {
+	for _, tt := range slices.Concat(fieldCorruptions, volumeFieldCorruptions) {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
 			s := newStore(t, Options{})

@@ -88,12 +88,10 @@ func (s *Store) exportSnapshot(ctx context.Context, sn *Snapshot, w io.Writer, o
 		return nil, fmt.Errorf("export: %w", err)
 	}
 	defer unix.Close(fd)
-	// The volume made of it on the other side is named after the source.
+	// The volume made of it on the other side is named after the source
+	// (a valid name: readSnapMeta checked it).
 	h := &StreamHeader{Name: sn.SourceName, UUID: sn.SourceUUID, SizeBytes: sn.SizeBytes, Mode: sn.Mode, FSType: sn.FSType,
 		Partitioned: sn.Partitioned, BlockSize: sn.BlockSize, Snapshot: sn.Name, CreatedAt: sn.CreatedAt}
-	if ValidateName(h.Name) != nil {
-		h.Name = sn.Name
-	}
 	if err := writeFile(ctx, w, h, fd, opts.Progress); err != nil {
 		return nil, fmt.Errorf("export %s: %w", sn.Name, err)
 	}

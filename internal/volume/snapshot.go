@@ -148,9 +148,10 @@ func (s *Store) readSnapMeta(uuid string) (*Snapshot, error) {
 // acts on it (a restore makes a volume of its layout and size):
 // checkLayout's, with the sizes a record may hold (sizeKept), a state a
 // record holds (checkStoredState), the source volume's UUID (ValidUUID, as
-// every volume's), a group named as CreateSnapshotGroup names one (or
-// none), labels as ValidateLabels admits them, and a valid name. The error
-// carries no error class; readSnapMeta makes it ErrBroken.
+// every volume's) and name (ValidateName, as every volume's), a group
+// named as CreateSnapshotGroup names one (or none), labels as
+// ValidateLabels admits them, and a valid name. The error carries no error
+// class; readSnapMeta makes it ErrBroken.
 func (sn *Snapshot) check() error {
 	if err := checkLayout(sn.Mode, sn.FSType, sn.Partitioned, sn.SizeBytes, sn.BlockSize, sizeKept); err != nil {
 		return err
@@ -160,6 +161,9 @@ func (sn *Snapshot) check() error {
 	}
 	if !ValidUUID(sn.SourceUUID) {
 		return fmt.Errorf("source uuid %q is not a canonical UUID", sn.SourceUUID)
+	}
+	if err := ValidateName(sn.SourceName); err != nil {
+		return fmt.Errorf("source: %w", unclassified(err))
 	}
 	if sn.Group != "" {
 		if err := ValidateName(sn.Group); err != nil {

@@ -517,8 +517,9 @@ func (s *Store) readMeta(uuid string) (*Volume, error) {
 // acts on it (metadata files are hostile input): checkLayout's, with the
 // sizes a record may hold (sizeKept), a state a record holds
 // (checkStoredState), an expansion in progress to no less than the size,
-// labels as ValidateLabels admits them, and a valid name. The error
-// carries no error class; readMeta makes it ErrBroken.
+// at most one source, named by its UUID (ValidUUID, as every snapshot's
+// and volume's), labels as ValidateLabels admits them, and a valid name.
+// The error carries no error class; readMeta makes it ErrBroken.
 func (v *Volume) check() error {
 	if err := checkLayout(v.Mode, v.FSType, v.Partitioned, v.SizeBytes, v.BlockSize, sizeKept); err != nil {
 		return err
@@ -528,6 +529,14 @@ func (v *Volume) check() error {
 	}
 	if v.ExpandingTo != 0 && (v.ExpandingTo < v.SizeBytes || v.ExpandingTo > maxSize || v.ExpandingTo%512 != 0) {
 		return fmt.Errorf("expanding to %d is not a multiple of 512 bytes from the size %d up to %s", v.ExpandingTo, v.SizeBytes, FormatSize(maxSize+1))
+	}
+	switch {
+	case v.FromSnapshot != "" && v.ClonedFrom != "":
+		return fmt.Errorf("made from snapshot %q and cloned from volume %q; a volume is copied from one source at most", v.FromSnapshot, v.ClonedFrom)
+	case v.FromSnapshot != "" && !ValidUUID(v.FromSnapshot):
+		return fmt.Errorf("source snapshot uuid %q is not a canonical UUID", v.FromSnapshot)
+	case v.ClonedFrom != "" && !ValidUUID(v.ClonedFrom):
+		return fmt.Errorf("source volume uuid %q is not a canonical UUID", v.ClonedFrom)
 	}
 	if err := ValidateLabels(v.Labels); err != nil {
 		return unclassified(err)
