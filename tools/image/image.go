@@ -40,7 +40,7 @@ var packages = []string{
 // for mount, resize and the checks before a format), by image path.
 var tools = []string{
 	"usr/sbin/mke2fs", "usr/sbin/mkfs.ext4", "usr/sbin/e2fsck", "usr/sbin/fsck.ext4", "usr/sbin/resize2fs",
-	"usr/sbin/mkfs.xfs", "usr/sbin/xfs_growfs", "usr/sbin/xfs_repair",
+	"usr/sbin/mkfs.xfs", "usr/sbin/xfs_repair",
 	"usr/sbin/blkid", "usr/sbin/blockdev", "usr/sbin/fsck", "usr/bin/partx",
 	"usr/sbin/sfdisk", "usr/sbin/sgdisk",
 	"usr/bin/mount", "usr/bin/umount",
