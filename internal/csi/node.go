@@ -155,7 +155,9 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 }
 
 // NodeGetVolumeHealth reports a missing backing file (data loss) and, for
-// the paths given, a missing device or mount (inaccessible).
+// the paths given, a missing device or a path the volume is not at
+// (volumeAt; a block volume's staging path is its attach alone), as
+// inaccessible.
 func (d *Driver) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
 	v, release, err := d.begin(nodeRequest{
 		id: req.GetVolumeId(), readOnly: true,
@@ -180,32 +182,25 @@ func (d *Driver) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolume
 	if st.FileMissing {
 		add(csi.VolumeHealthErrorType_DATA_LOSS, "BackingFileMissing", fmt.Sprintf("backing file %s of volume %s is gone", v.BackingFile, id))
 	}
-	var paths []string
-	for _, p := range []string{req.GetStagingTargetPath(), req.GetVolumePublishPath()} {
-		if p != "" {
-			paths = append(paths, p)
-		}
+	staging, publish := req.GetStagingTargetPath(), req.GetVolumePublishPath()
+	var at []string // the paths the volume must be at
+	if staging != "" && v.Mode != volume.ModeBlock {
+		at = append(at, staging)
+	}
+	if publish != "" {
+		at = append(at, publish)
 	}
 	switch {
-	case len(paths) == 0:
+	case staging == "" && publish == "":
 	case !st.Attached:
 		add(csi.VolumeHealthErrorType_INACCESSIBLE, "DeviceMissing", fmt.Sprintf("volume %s has no loop device (reboot or manual detach?)", id))
 	default:
-		uses, err := deviceUses(st.DataDevice)
-		if err != nil {
-			return nil, status.Errorf(codes.Internal, "volume %s: %v", id, err)
-		}
-		mounts := uses.fsMounts
-		if v.Mode == volume.ModeBlock {
-			mounts = uses.nodeBind
-			if req.GetStagingTargetPath() != "" {
-				mounts = append(mounts, req.GetStagingTargetPath()) // block staging is the attach only
-			}
-		}
-		for _, p := range paths {
-			if !containsPath(mounts, p) {
-				add(csi.VolumeHealthErrorType_INACCESSIBLE, "NotMounted", fmt.Sprintf("volume %s is not mounted at %s", id, p))
+		for _, p := range at {
+			if _, err := d.volumeAt(v, p); status.Code(err) == codes.NotFound {
+				add(csi.VolumeHealthErrorType_INACCESSIBLE, "NotMounted", status.Convert(err).Message())
 				break
+			} else if err != nil {
+				return nil, err
 			}
 		}
 	}
