@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -82,6 +83,44 @@ func TestStageMountOptions(t *testing.T) {
 				if !slices.Contains(have, w) {
 					t.Errorf("staged with %q: options %q lack %s", tt.options, have, w)
 				}
+			}
+		})
+	}
+}
+
+// TestStageErrorBehavior: an ext4 volume is staged with errors=remount-ro
+// whatever its superblock says (tune2fs -e panic here, as an adopted or
+// imported image may carry), unless the capability names a behaviour.
+func TestStageErrorBehavior(t *testing.T) {
+	e := newTestEnv(t)
+	tests := []struct {
+		name    string
+		options []string
+		want    string
+	}{
+		{"none asked", nil, "errors=remount-ro"},
+		{"continue asked", []string{"errors=continue"}, "errors=continue"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := rwCap(volume.ModeFilesystem, "ext4")
+			vol := e.createVolume(t, "errors-"+strings.ReplaceAll(tt.name, " ", "-"), 32<<20, c, nil)
+			v, err := e.store.Get(vol.GetVolumeId())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out, err := exec.Command("tune2fs", "-e", "panic", v.BackingFile).CombinedOutput(); err != nil {
+				t.Fatalf("tune2fs -e panic: %v: %s", err, out)
+			}
+			c.GetMount().MountFlags = tt.options
+			p := e.stageAndPublish(t, vol.GetVolumeId(), c)
+			defer e.teardown(t, p)
+			infos, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(p.staging))
+			if err != nil || len(infos) != 1 {
+				t.Fatalf("mounts at %s: %v, %v", p.staging, infos, err)
+			}
+			if have := strings.Split(infos[0].VFSOptions, ","); !slices.Contains(have, tt.want) {
+				t.Fatalf("a superblock saying panic, staged with %q: options %q lack %s", tt.options, have, tt.want)
 			}
 		})
 	}

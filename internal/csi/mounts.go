@@ -381,12 +381,31 @@ func mountArgs(options []string) (flags uintptr, data string, err error) {
 	return flags, strings.Join(fsOpts, ","), nil
 }
 
+// withErrorBehavior returns options with errors=remount-ro added for an
+// ext4 filesystem whose options name no error behaviour: what ext4 does
+// on an error is otherwise what the superblock says, and a superblock
+// comes from whoever made the image (adopt, import), which may have set
+// panic there. The options given are not changed.
+func withErrorBehavior(fsType string, options []string) []string {
+	if fsType != "ext4" {
+		return options
+	}
+	for _, o := range options {
+		for _, opt := range strings.Split(o, ",") {
+			if strings.HasPrefix(opt, "errors=") {
+				return options
+			}
+		}
+	}
+	return append(slices.Clone(options), "errors=remount-ro")
+}
+
 // mountFilesystem mounts the fsType filesystem on dev at target (a
 // node path, its missing directories made by openNodePath) with mount(8)
-// options, by mount(2) onto the directory opened: no process, and no name
-// looked up again.
+// options (and an ext4 error behaviour: withErrorBehavior), by mount(2)
+// onto the directory opened: no process, and no name looked up again.
 func mountFilesystem(dev, target, fsType string, options []string) error {
-	flags, data, err := mountArgs(options)
+	flags, data, err := mountArgs(withErrorBehavior(fsType, options))
 	if err != nil {
 		return err
 	}
