@@ -2,13 +2,13 @@ package plugincli
 
 import (
 	"bytes"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/sparsevol/sparsevol/internal/cli"
+	"github.com/sparsevol/sparsevol/internal/testutil"
 )
 
 // TestMainRefusesAtStart runs the plugin's command line with a driver
@@ -44,7 +44,7 @@ func TestMainRefusesAtStart(t *testing.T) {
 			}
 			t.Cleanup(func() { os.RemoveAll(dir) })
 			for _, p := range tc.live {
-				listen(t, filepath.Join(dir, p))
+				testutil.LiveSocket(t, filepath.Join(dir, p))
 			}
 			root := filepath.Join(dir, "store")
 			args := []string{"--root", root, "--node-id", "n", "--endpoint", "unix://" + filepath.Join(dir, "csi.sock")}
@@ -63,35 +63,4 @@ func TestMainRefusesAtStart(t *testing.T) {
 			}
 		})
 	}
-}
-
-// listen serves on a unix socket at path until the test ends, when it
-// checks that the socket still answers there.
-func listen(t *testing.T, path string) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	t.Cleanup(func() {
-		defer l.Close()
-		c, err := net.Dial("unix", path)
-		if err != nil {
-			t.Errorf("the other plugin's socket %s no longer answers: %v", path, err)
-			return
-		}
-		c.Close()
-	})
 }

@@ -2,6 +2,7 @@
 package testutil
 
 import (
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -112,4 +113,37 @@ func IsMountPoint(t testing.TB, dir string) bool {
 		t.Fatal(err)
 	}
 	return st.Dev != parent.Dev
+}
+
+// LiveSocket listens on the unix socket path (its directory made if
+// missing) until the test ends, accepting and closing every connection:
+// a socket another process serves. At the end it checks that the socket
+// still answers there, and fails the test if it does not.
+func LiveSocket(t testing.TB, path string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() {
+		defer l.Close()
+		c, err := net.Dial("unix", path)
+		if err != nil {
+			t.Errorf("the live socket at %s no longer answers: %v", path, err)
+			return
+		}
+		c.Close()
+	})
 }

@@ -17,6 +17,17 @@ import (
 	"github.com/sparsevol/sparsevol/internal/unixsock"
 )
 
+// listens are the three ways a socket is listened on, which share
+// unixsock's rules.
+var listens = []struct {
+	name   string
+	listen func(path string, gid int) (net.Listener, error)
+}{
+	{"csi", csi.Listen},
+	{"kubelet", kubelet.Listen},
+	{"unixsock", func(path string, gid int) (net.Listener, error) { return unixsock.Listen(path, gid) }},
+}
+
 // TestSocketMode makes the CSI and the registration socket under umask
 // 000, with and without a group, and checks mode and group, also as seen
 // by a watcher polling the path while the socket is made.
@@ -25,14 +36,6 @@ func TestSocketMode(t *testing.T) {
 	old := syscall.Umask(0)
 	t.Cleanup(func() { syscall.Umask(old) })
 
-	listens := []struct {
-		name   string
-		listen func(path string, gid int) (net.Listener, error)
-	}{
-		{"csi", csi.Listen},
-		{"kubelet", kubelet.Listen},
-		{"unixsock", func(path string, gid int) (net.Listener, error) { return unixsock.Listen(path, gid) }},
-	}
 	groups := []struct {
 		name    string
 		gid     int
@@ -188,14 +191,6 @@ func staleSocket(t *testing.T, path string) {
 // left to its listener, as is any other file, a symbolic link (to a live
 // or a stale socket) included. The CSI and registration sockets alike.
 func TestListenExisting(t *testing.T) {
-	listens := []struct {
-		name   string
-		listen func(path string, gid int) (net.Listener, error)
-	}{
-		{"csi", csi.Listen},
-		{"kubelet", kubelet.Listen},
-		{"unixsock", func(path string, gid int) (net.Listener, error) { return unixsock.Listen(path, gid) }},
-	}
 	tests := []struct {
 		name  string
 		setup func(t *testing.T, dir, path string)
@@ -204,9 +199,9 @@ func TestListenExisting(t *testing.T) {
 	}{
 		{"nothing", func(t *testing.T, dir, path string) {}, true, false},
 		{"stale socket", func(t *testing.T, dir, path string) { staleSocket(t, path) }, true, false},
-		{"live socket", func(t *testing.T, dir, path string) { live(t, path) }, false, true},
+		{"live socket", func(t *testing.T, dir, path string) { testutil.LiveSocket(t, path) }, false, true},
 		{"link to a live socket", func(t *testing.T, dir, path string) {
-			live(t, filepath.Join(dir, "other.sock"))
+			testutil.LiveSocket(t, filepath.Join(dir, "other.sock"))
 			if err := os.Symlink(filepath.Join(dir, "other.sock"), path); err != nil {
 				t.Fatal(err)
 			}
@@ -253,32 +248,4 @@ func TestListenExisting(t *testing.T) {
 			})
 		}
 	}
-}
-
-// live listens on path until the test ends and checks at the end that
-// it still answers there.
-func live(t *testing.T, path string) {
-	t.Helper()
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	t.Cleanup(func() {
-		defer l.Close()
-		c, err := net.Dial("unix", path)
-		if err != nil {
-			t.Errorf("the live socket at %s no longer answers: %v", path, err)
-			return
-		}
-		c.Close()
-	})
 }
