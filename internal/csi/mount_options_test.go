@@ -74,11 +74,7 @@ func TestStageMountOptions(t *testing.T) {
 			c.GetMount().MountFlags = tt.options
 			p := e.stageAndPublish(t, vol.GetVolumeId(), c)
 			defer e.teardown(t, p)
-			infos, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(p.staging))
-			if err != nil || len(infos) != 1 {
-				t.Fatalf("mounts at %s: %v, %v", p.staging, infos, err)
-			}
-			have := strings.Split(infos[0].Options+","+infos[0].VFSOptions, ",")
+			have := stagedOptions(t, p.staging)
 			for _, w := range tt.want {
 				if !slices.Contains(have, w) {
 					t.Errorf("staged with %q: options %q lack %s", tt.options, have, w)
@@ -115,15 +111,22 @@ func TestStageErrorBehavior(t *testing.T) {
 			c.GetMount().MountFlags = tt.options
 			p := e.stageAndPublish(t, vol.GetVolumeId(), c)
 			defer e.teardown(t, p)
-			infos, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(p.staging))
-			if err != nil || len(infos) != 1 {
-				t.Fatalf("mounts at %s: %v, %v", p.staging, infos, err)
-			}
-			if have := strings.Split(infos[0].VFSOptions, ","); !slices.Contains(have, tt.want) {
+			if have := stagedOptions(t, p.staging); !slices.Contains(have, tt.want) {
 				t.Fatalf("a superblock saying panic, staged with %q: options %q lack %s", tt.options, have, tt.want)
 			}
 		})
 	}
+}
+
+// stagedOptions returns the options of the one mount at staging: the
+// mount's and its filesystem's.
+func stagedOptions(t *testing.T, staging string) []string {
+	t.Helper()
+	infos, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(staging))
+	if err != nil || len(infos) != 1 {
+		t.Fatalf("mounts at %s: %v, %v", staging, infos, err)
+	}
+	return strings.Split(infos[0].Options+","+infos[0].VFSOptions, ",")
 }
 
 func TestCheckMountOptions(t *testing.T) {
