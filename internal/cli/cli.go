@@ -295,7 +295,7 @@ func Usagef(format string, args ...any) error { return usagef(format, args...) }
 //
 //   - PATH gains the sbin directories where mkfs, blkid, sgdisk and
 //     friends live, which minimal environments and some units lack (the
-//     external programs are found through PATH, also by mount-utils);
+//     external programs are found through PATH);
 //   - a heap goal of 50% unless GOGC says otherwise: the node commands
 //     run as short-lived processes, by the hundred at boot on small
 //     nodes, and the plugin lives on the same nodes, where a few extra

@@ -17,8 +17,6 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	mount "k8s.io/mount-utils"
-	utilexec "k8s.io/utils/exec"
 
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
@@ -91,10 +89,6 @@ type Config struct {
 	// empty): node RPCs act on paths below it only. It must be absolute,
 	// clean and free of symbolic links.
 	KubeletDir string
-	// Mounter's Exec runs the filesystem resizers of NodeExpandVolume
-	// (node mounts are mount(2) and the new mount API on descriptors, no
-	// process); nil uses the host's without systemd scopes.
-	Mounter *mount.SafeFormatAndMount
 }
 
 // Driver implements the CSI Identity, Controller, GroupController and Node
@@ -113,7 +107,6 @@ type Driver struct {
 	log        *slog.Logger
 	metrics    *Metrics
 	kubeletDir string
-	resizer    *mount.ResizeFs
 
 	busy inflight
 }
@@ -129,9 +122,6 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if cfg.Mounter == nil {
-		cfg.Mounter = mount.NewSafeFormatAndMount(mount.NewWithoutSystemd(""), utilexec.New())
-	}
 	return &Driver{
 		name:       cfg.DriverName,
 		version:    cfg.Version,
@@ -141,7 +131,6 @@ func New(cfg Config) (*Driver, error) {
 		log:        cfg.Logger,
 		metrics:    cfg.Metrics,
 		kubeletDir: cfg.KubeletDir,
-		resizer:    mount.NewResizeFs(cfg.Mounter.Exec),
 		busy:       inflight{keys: map[string]struct{}{}},
 	}, nil
 }

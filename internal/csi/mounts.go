@@ -161,8 +161,8 @@ func describeMount(m *mountinfo.Info) string {
 // long as each is the volume's (uses.owns), and leaves alone the first one
 // that is not, returning it as foreign. unmounted counts what it took away.
 // Each unmount is umount(2) itself, what umount(8) would call, without a
-// process; EINVAL (nothing mounted there any more) is no error, as
-// umount(8)'s "not mounted" is none to mount-utils.
+// process; EINVAL (nothing mounted there any more) is no error: the
+// volume is already gone from path.
 //
 // The unmount names path's last component in its directory as the
 // no-follow walk opened it (openNodeParent): a directory swapped for a

@@ -36,8 +36,8 @@ var packages = []string{
 	"libedit2", "libbsd0", "libmd0", // xfs_db's
 }
 
-// tools are what the plugin executes (internal/volume, and k8s.io/mount-utils
-// for mount, resize and the checks before a format), by image path.
+// tools are the programs the image carries, by image path (internal/volume
+// runs its programs by name, through PATH).
 var tools = []string{
 	"usr/sbin/mke2fs", "usr/sbin/mkfs.ext4", "usr/sbin/e2fsck", "usr/sbin/fsck.ext4", "usr/sbin/resize2fs",
 	"usr/sbin/mkfs.xfs", "usr/sbin/xfs_repair",
