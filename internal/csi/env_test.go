@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -56,6 +57,9 @@ type envOptions struct {
 	// limits says where I/O limits go (a test's own cgroup; the zero
 	// value is the node's pods' cgroup).
 	limits iolimit.Config
+	// log, if set, receives the plugin's log from level Info on, instead
+	// of stderr.
+	log io.Writer
 }
 
 // newTestEnv starts a plugin for t. At cleanup it checks that no loop
@@ -91,7 +95,11 @@ func newTestEnv(t testing.TB, opts ...envOptions) *testEnv {
 	if os.Getenv("SPARSEVOL_TEST_LOG") == "debug" {
 		level = slog.LevelDebug
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	var logTo io.Writer = os.Stderr
+	if o.log != nil {
+		logTo, level = o.log, slog.LevelInfo
+	}
+	log := slog.New(slog.NewTextHandler(logTo, &slog.HandlerOptions{Level: level}))
 	off := false
 	store, err := volume.Open(root, volume.Options{Logger: log, DirectIO: &off, OvercommitRatio: o.overcommit, IOLimits: o.limits})
 	if err != nil {

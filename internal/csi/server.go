@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sparsevol/sparsevol/internal/unixsock"
+	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
 // ParseEndpoint turns unix:///path, unix:/path or a bare absolute path
@@ -128,32 +129,34 @@ type (
 	withGroup    interface{ GetGroupSnapshotId() string }
 )
 
-// logAttrs picks the identifying fields of a request.
+// logAttrs picks the identifying fields of a request, each one bounded by
+// volume.Clip: a client's ids, names and paths are logged ASCII-escaped
+// and cut, never whole.
 func logAttrs(req any) []any {
 	var attrs []any
 	if r, ok := req.(withVolumeID); ok && r.GetVolumeId() != "" {
-		attrs = append(attrs, "volume_id", r.GetVolumeId())
+		attrs = append(attrs, "volume_id", volume.Clip(r.GetVolumeId()))
 	}
 	if r, ok := req.(withName); ok && r.GetName() != "" {
-		attrs = append(attrs, "name", r.GetName())
+		attrs = append(attrs, "name", volume.Clip(r.GetName()))
 	}
 	if r, ok := req.(withStaging); ok && r.GetStagingTargetPath() != "" {
-		attrs = append(attrs, "staging_target_path", r.GetStagingTargetPath())
+		attrs = append(attrs, "staging_target_path", volume.Clip(r.GetStagingTargetPath()))
 	}
 	if r, ok := req.(withTarget); ok && r.GetTargetPath() != "" {
-		attrs = append(attrs, "target_path", r.GetTargetPath())
+		attrs = append(attrs, "target_path", volume.Clip(r.GetTargetPath()))
 	}
 	if r, ok := req.(withPath); ok && r.GetVolumePath() != "" {
-		attrs = append(attrs, "volume_path", r.GetVolumePath())
+		attrs = append(attrs, "volume_path", volume.Clip(r.GetVolumePath()))
 	}
 	if r, ok := req.(withSnapshot); ok && r.GetSnapshotId() != "" {
-		attrs = append(attrs, "snapshot_id", r.GetSnapshotId())
+		attrs = append(attrs, "snapshot_id", volume.Clip(r.GetSnapshotId()))
 	}
 	if r, ok := req.(withSource); ok && r.GetSourceVolumeId() != "" {
-		attrs = append(attrs, "source_volume_id", r.GetSourceVolumeId())
+		attrs = append(attrs, "source_volume_id", volume.Clip(r.GetSourceVolumeId()))
 	}
 	if r, ok := req.(withGroup); ok && r.GetGroupSnapshotId() != "" {
-		attrs = append(attrs, "group_snapshot_id", r.GetGroupSnapshotId())
+		attrs = append(attrs, "group_snapshot_id", volume.Clip(r.GetGroupSnapshotId()))
 	}
 	return attrs
 }

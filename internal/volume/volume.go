@@ -301,11 +301,35 @@ func ValidateName(name string) error {
 // shortened to its first bytes, so that a hostile value is never echoed
 // whole. It is the one way a refused value is shown.
 func Quote(s string) string {
+	q, cut := quoteCut(s)
+	if cut {
+		return q + "..."
+	}
+	return q
+}
+
+// Clip is Quote for a value given to a structured log handler, which adds
+// its own quotes where a value needs them: the same escapes and the same
+// cut, without the enclosing quotes. It is the one way a value from a
+// client is logged.
+func Clip(s string) string {
+	q, cut := quoteCut(s)
+	q = q[1 : len(q)-1]
+	if cut {
+		return q + "..."
+	}
+	return q
+}
+
+// quoteCut is the rule of Quote and Clip: s Go-quoted with every
+// non-ASCII character escaped, cut to its first 64 bytes (cut reports
+// whether it was).
+func quoteCut(s string) (q string, cut bool) {
 	const max = 64
 	if len(s) <= max {
-		return fmt.Sprintf("%+q", s)
+		return strconv.QuoteToASCII(s), false
 	}
-	return fmt.Sprintf("%+q...", strings.ToValidUTF8(s[:max], ""))
+	return strconv.QuoteToASCII(strings.ToValidUTF8(s[:max], "")), true
 }
 
 func nameByte(c byte) bool {

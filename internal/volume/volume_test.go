@@ -156,6 +156,31 @@ func TestValidateNameLengthMessage(t *testing.T) {
 	}
 }
 
+// TestQuoteAndClip: a value is shown ASCII-escaped and cut to its first
+// 64 bytes, quoted by Quote and bare by Clip (a log handler quotes it).
+func TestQuoteAndClip(t *testing.T) {
+	long := strings.Repeat("a", 1<<20)
+	tests := []struct {
+		in, quote, clip string
+	}{
+		{"pvc-1", `"pvc-1"`, "pvc-1"},
+		{"", `""`, ""},
+		{"a\nb\u202e", `"a\nb\u202e"`, `a\nb\u202e`},
+		{strings.Repeat("a", 64), `"` + strings.Repeat("a", 64) + `"`, strings.Repeat("a", 64)},
+		{long, `"` + long[:64] + `"...`, long[:64] + "..."},
+		// A character the cut splits is left out whole.
+		{strings.Repeat("a", 63) + "\u00e9", `"` + strings.Repeat("a", 63) + `"...`, strings.Repeat("a", 63) + "..."},
+	}
+	for _, tc := range tests {
+		if got := Quote(tc.in); got != tc.quote {
+			t.Errorf("Quote(%.80q) = %q, want %q", tc.in, got, tc.quote)
+		}
+		if got := Clip(tc.in); got != tc.clip {
+			t.Errorf("Clip(%.80q) = %q, want %q", tc.in, got, tc.clip)
+		}
+	}
+}
+
 // manyLabels returns n labels, each key and value distinct and valid.
 func manyLabels(n int) map[string]string {
 	labels := make(map[string]string, n)
