@@ -84,35 +84,44 @@ func TestStageMountOptions(t *testing.T) {
 	}
 }
 
-// TestStageErrorBehavior: an ext4 volume is staged with errors=remount-ro
-// whatever its superblock says (tune2fs -e panic here, as an adopted or
-// imported image may carry), unless the capability names a behaviour.
+// TestStageErrorBehavior: an ext4 volume whose superblock says panic
+// (tune2fs -e panic here, as an adopted or imported image may carry) is
+// staged with errors=remount-ro, unless the capability names a
+// behaviour; one whose superblock says continue (mkfs -e continue) keeps
+// it.
 func TestStageErrorBehavior(t *testing.T) {
 	e := newTestEnv(t)
 	tests := []struct {
-		name    string
-		options []string
-		want    string
+		superblock string
+		options    []string
+		want       string // in the staged mount's options; "" none
 	}{
-		{"none asked", nil, "errors=remount-ro"},
-		{"continue asked", []string{"errors=continue"}, "errors=continue"},
+		{"panic", nil, "errors=remount-ro"},
+		{"panic", []string{"errors=continue"}, "errors=continue"},
+		{"continue", nil, ""},
+		{"remount-ro", nil, ""},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
+		name := tt.superblock + "-" + strings.Join(tt.options, "-")
+		t.Run(name, func(t *testing.T) {
 			c := rwCap(volume.ModeFilesystem, "ext4")
-			vol := e.createVolume(t, "errors-"+strings.ReplaceAll(tt.name, " ", "-"), 32<<20, c, nil)
+			vol := e.createVolume(t, "errors-"+strings.ReplaceAll(name, "=", "-"), 32<<20, c, nil)
 			v, err := e.store.Get(vol.GetVolumeId())
 			if err != nil {
 				t.Fatal(err)
 			}
-			if out, err := exec.Command("tune2fs", "-e", "panic", v.BackingFile).CombinedOutput(); err != nil {
-				t.Fatalf("tune2fs -e panic: %v: %s", err, out)
+			if out, err := exec.Command("tune2fs", "-e", tt.superblock, v.BackingFile).CombinedOutput(); err != nil {
+				t.Fatalf("tune2fs -e %s: %v: %s", tt.superblock, err, out)
 			}
 			c.GetMount().MountFlags = tt.options
 			p := e.stageAndPublish(t, vol.GetVolumeId(), c)
 			defer e.teardown(t, p)
-			if have := stagedOptions(t, p.staging); !slices.Contains(have, tt.want) {
-				t.Fatalf("a superblock saying panic, staged with %q: options %q lack %s", tt.options, have, tt.want)
+			have := stagedOptions(t, p.staging)
+			if tt.want == "" && slices.ContainsFunc(have, func(o string) bool { return strings.HasPrefix(o, "errors=") }) {
+				t.Fatalf("a superblock saying %s, staged with %q: options %q override it", tt.superblock, tt.options, have)
+			}
+			if tt.want != "" && !slices.Contains(have, tt.want) {
+				t.Fatalf("a superblock saying %s, staged with %q: options %q lack %s", tt.superblock, tt.options, have, tt.want)
 			}
 		})
 	}

@@ -381,12 +381,13 @@ func mountArgs(options []string) (flags uintptr, data string, err error) {
 	return flags, strings.Join(fsOpts, ","), nil
 }
 
-// withErrorBehavior returns options with errors=remount-ro added for an
-// ext4 filesystem whose options name no error behaviour: what ext4 does
-// on an error is otherwise what the superblock says, and a superblock
-// comes from whoever made the image (adopt, import), which may have set
-// panic there. The options given are not changed.
-func withErrorBehavior(fsType string, options []string) []string {
+// withErrorBehavior returns options with errors=remount-ro added where
+// the ext4 superblock on dev says panic (volume.PanicsOnError) and no
+// option names a behaviour: a superblock comes from whoever made the
+// image (adopt, import), and a volume's errors must not panic the node.
+// A behaviour the superblock or the options give otherwise stands. The
+// options given are not changed.
+func withErrorBehavior(dev, fsType string, options []string) []string {
 	if fsType != "ext4" {
 		return options
 	}
@@ -397,6 +398,9 @@ func withErrorBehavior(fsType string, options []string) []string {
 			}
 		}
 	}
+	if !volume.PanicsOnError(dev) {
+		return options
+	}
 	return append(slices.Clone(options), "errors=remount-ro")
 }
 
@@ -405,7 +409,7 @@ func withErrorBehavior(fsType string, options []string) []string {
 // options (and an ext4 error behaviour: withErrorBehavior), by mount(2)
 // onto the directory opened: no process, and no name looked up again.
 func mountFilesystem(dev, target, fsType string, options []string) error {
-	flags, data, err := mountArgs(withErrorBehavior(fsType, options))
+	flags, data, err := mountArgs(withErrorBehavior(dev, fsType, options))
 	if err != nil {
 		return err
 	}

@@ -38,10 +38,32 @@ func superblockOf(path, fsType string) Found {
 	return Found{}
 }
 
+// PanicsOnError reports whether the ext4 superblock at path (a device
+// or a file) tells the kernel to panic on a filesystem error (mkfs -e
+// panic, tune2fs -e panic), which is where the kernel takes the error
+// behaviour from when the mount options name none. An image made by
+// someone else (adopted, imported) may say so, whatever sparsevol's own
+// mkfs allows (Ext4ErrorBehaviors). Unreadable or not ext4: false.
+func PanicsOnError(path string) bool {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sb := make([]byte, 1024)
+	if _, err := f.ReadAt(sb, 1024); err != nil {
+		return false
+	}
+	le := binary.LittleEndian
+	return le.Uint16(sb[extMagicOff:]) == extMagic && le.Uint16(sb[extErrorsOff:]) == extErrorsPanic
+}
+
 // ext4 superblock fields (offsets into the superblock, 1 KiB in) and
 // the feature bits blkid tells ext2, ext3, ext4 and journals apart by.
 const (
 	extMagicOff     = 0x38
+	extErrorsOff    = 0x3c // s_errors: 1 continue, 2 remount-ro, 3 panic
+	extErrorsPanic  = 3
 	extCompatOff    = 0x5c
 	extIncompatOff  = 0x60
 	extROCompatOff  = 0x64
