@@ -84,6 +84,9 @@ func Run(ctx context.Context, cfg PluginConfig) error {
 	// The plugin owns its store: make it if the host path is missing.
 	// Open makes a lax one private (hostPath DirectoryOrCreate makes 0755
 	// directories).
+	if _, err := volume.CheckRoot(cfg.StoreRoot); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(cfg.StoreRoot, 0o700); err != nil {
 		return fmt.Errorf("create store %s: %w", cfg.StoreRoot, err)
 	}

@@ -19,22 +19,26 @@ import (
 func TestMainRefusesAtStart(t *testing.T) {
 	tests := []struct {
 		name string
-		// args get --root, --node-id and --endpoint (DIR is the test's
-		// directory); live are paths below DIR another plugin listens on.
+		// args get --root (DIR/store, or DIR/root when given), --node-id
+		// and --endpoint (DIR is the test's directory); live are paths
+		// below DIR another plugin listens on.
+		root string
 		args []string
 		live []string
 		code int
 		says string
 	}{
-		{"driver name escapes the registration directory",
+		{"driver name escapes the registration directory", "",
 			[]string{"--driver-name", "../escaped", "--kubelet-registration-path", "DIR/reg/"},
 			[]string{"escaped-reg.sock"}, cli.ExitInvalid, "driver name"},
-		{"driver name with a slash", []string{"--driver-name", "a/b"}, nil, cli.ExitInvalid, "driver name"},
-		{"driver name too long", []string{"--driver-name", strings.Repeat("d", 64)}, nil, cli.ExitInvalid, "driver name"},
-		{"CSI socket in use", nil, []string{"csi.sock"}, cli.ExitFailure, "another plugin is listening"},
-		{"registration socket in use",
+		{"driver name with a slash", "", []string{"--driver-name", "a/b"}, nil, cli.ExitInvalid, "driver name"},
+		{"driver name too long", "", []string{"--driver-name", strings.Repeat("d", 64)}, nil, cli.ExitInvalid, "driver name"},
+		{"CSI socket in use", "", nil, []string{"csi.sock"}, cli.ExitFailure, "another plugin is listening"},
+		{"registration socket in use", "",
 			[]string{"--kubelet-registration-path", "DIR/reg/"},
 			[]string{"reg/sparsevol.csi.io-reg.sock"}, cli.ExitFailure, "another plugin is listening"},
+		{"store root units cannot name", "st ore", nil, nil, cli.ExitInvalid, "U+0020"},
+		{"store root with a specifier", "st%Hore", nil, nil, cli.ExitInvalid, "%"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -47,6 +51,9 @@ func TestMainRefusesAtStart(t *testing.T) {
 				testutil.LiveSocket(t, filepath.Join(dir, p))
 			}
 			root := filepath.Join(dir, "store")
+			if tc.root != "" {
+				root = filepath.Join(dir, tc.root)
+			}
 			args := []string{"--root", root, "--node-id", "n", "--endpoint", "unix://" + filepath.Join(dir, "csi.sock")}
 			for _, a := range tc.args {
 				args = append(args, strings.ReplaceAll(a, "DIR", dir))

@@ -84,6 +84,25 @@ type Store struct {
 	held sync.Map
 }
 
+// CheckRoot returns the absolute path of the store root root, or the
+// error (ErrInvalid) Open refuses it with: what a caller that makes a
+// missing store first (the plugin) checks before it makes anything.
+func CheckRoot(root string) (string, error) {
+	if root == "" {
+		return "", fmt.Errorf("open store: empty root: %w", ErrInvalid)
+	}
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return "", fmt.Errorf("open store %s: %w", root, err)
+	}
+	// The units name the store (Environment=, RequiresMountsFor=); a
+	// store they cannot name is refused for every caller alike.
+	if err := CheckUnitPath(abs); err != nil {
+		return "", fmt.Errorf("open store: %w", err)
+	}
+	return abs, nil
+}
+
 // Open opens the store at root, which must exist, be a directory (not a
 // symbolic link to one), be owned by root or by the caller, and be
 // writable; its absolute path must pass CheckUnitPath, so that the units
@@ -99,17 +118,9 @@ type Store struct {
 // writers left behind are removed by the calls that read the whole
 // directory anyway (see uuids), never by a call about one volume.
 func Open(root string, opts Options) (*Store, error) {
-	if root == "" {
-		return nil, fmt.Errorf("open store: empty root: %w", ErrInvalid)
-	}
-	abs, err := filepath.Abs(root)
+	abs, err := CheckRoot(root)
 	if err != nil {
-		return nil, fmt.Errorf("open store %s: %w", root, err)
-	}
-	// The units name the store (Environment=, RequiresMountsFor=); a
-	// store they cannot name is refused for every caller alike.
-	if err := CheckUnitPath(abs); err != nil {
-		return nil, fmt.Errorf("open store: %w", err)
+		return nil, err
 	}
 	if opts.OvercommitRatio == 0 {
 		opts.OvercommitRatio = 1
