@@ -28,29 +28,27 @@ const binaryPath = "usr/local/bin/sparsevol-csi"
 // (and what they need) are taken from them.
 var packages = []string{
 	// tools
-	"e2fsprogs", "xfsprogs", "util-linux", "mount", "fdisk", "gdisk", "dash",
+	"e2fsprogs", "xfsprogs", "util-linux", "fdisk", "gdisk", "dash",
 	// their shared libraries
-	"libc6", "libblkid1", "libuuid1", "libmount1", "libsmartcols1", "libfdisk1",
-	"libext2fs2", "libcom-err2", "libselinux1", "libpcre2-8-0", "libinih1", "liburcu8",
+	"libc6", "libblkid1", "libuuid1", "libsmartcols1", "libfdisk1",
+	"libext2fs2", "libcom-err2", "libinih1", "liburcu8",
 	"libstdc++6", "libgcc-s1", "libpopt0", "libtinfo6", "libreadline8",
 	"libedit2", "libbsd0", "libmd0", // xfs_db's
 }
 
-// tools are the programs the image carries, by image path (internal/volume
-// runs its programs by name, through PATH).
+// tools are the programs the plugin runs, by image path (internal/volume
+// runs its programs by name, through PATH), and what they read; nothing
+// else. Mounts, unmounts, trims and XFS grows are system calls.
 var tools = []string{
-	"usr/sbin/mke2fs", "usr/sbin/mkfs.ext4", "usr/sbin/e2fsck", "usr/sbin/fsck.ext4", "usr/sbin/resize2fs",
-	"usr/sbin/mkfs.xfs", "usr/sbin/xfs_repair",
-	"usr/sbin/blkid", "usr/sbin/blockdev", "usr/sbin/fsck", "usr/bin/partx",
-	"usr/sbin/sfdisk", "usr/sbin/sgdisk",
-	"usr/bin/mount", "usr/bin/umount",
+	"usr/sbin/mkfs.ext4", "usr/sbin/e2fsck", "usr/sbin/resize2fs", "etc/mke2fs.conf",
+	"usr/sbin/mkfs.xfs",
+	"usr/sbin/blkid", "usr/bin/partx", "usr/sbin/sfdisk", "usr/sbin/sgdisk",
 	// A snapshot's thaw guard (internal/volume/freeze.go): sh -c '...
 	// fsfreeze --unfreeze'.
 	"usr/bin/sh", "usr/sbin/fsfreeze",
 	// A restored or cloned volume's new identity (internal/volume/
 	// identity.go: tune2fs -U, and xfs_db as xfs_admin -U runs it).
 	"usr/sbin/tune2fs", "usr/sbin/xfs_db",
-	"etc/mke2fs.conf",
 }
 
 // pathEnv is the image's PATH: the tools are found by name.
@@ -159,7 +157,8 @@ func baseFiles() map[string]entry {
 	m["root"] = entry{Path: "root", Mode: fs.ModeDir | 0o700}
 	m["etc/passwd"] = entry{Path: "etc/passwd", Mode: 0o644, Data: []byte("root:x:0:0:root:/root:/usr/sbin/nologin\n")}
 	m["etc/group"] = entry{Path: "etc/group", Mode: 0o644, Data: []byte("root:x:0:\n")}
-	// mount and fsck read the mount table here.
+	// libext2fs and xfsprogs read the mount table here where /proc/mounts
+	// is unreadable.
 	m["etc/mtab"] = entry{Path: "etc/mtab", Mode: fs.ModeSymlink | 0o777, Link: "../proc/self/mounts"}
 	return m
 }

@@ -1,6 +1,6 @@
 // Command image builds the sparsevol plugin image without a container
-// daemon: the static plugin binary (sparsevol-csi) plus the tools it runs (mkfs, fsck and resize
-// for ext4 and XFS, blkid, mount, sgdisk, sfdisk ...) with their shared
+// daemon: the static plugin binary (sparsevol-csi) plus the tools it runs
+// (mkfs for ext4 and XFS, e2fsck, resize2fs, blkid, sgdisk, sfdisk ...) with their shared
 // libraries, taken from the host's Debian packages (apt-get download into
 // a cache, dpkg-deb -x). It writes an archive that ctr images import,
 // docker load and podman load all read, and pushes it when asked. Equal
