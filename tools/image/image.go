@@ -28,7 +28,7 @@ const binaryPath = "usr/local/bin/sparsevol-csi"
 // (and what they need) are taken from them.
 var packages = []string{
 	// tools
-	"e2fsprogs", "xfsprogs", "util-linux", "fdisk", "gdisk", "dash",
+	"e2fsprogs", "xfsprogs", "util-linux", "fdisk", "gdisk", "dash", "coreutils",
 	// their shared libraries
 	"libc6", "libblkid1", "libuuid1", "libsmartcols1", "libfdisk1",
 	"libext2fs2", "libcom-err2", "libinih1", "liburcu8",
@@ -44,8 +44,8 @@ var tools = []string{
 	"usr/sbin/mkfs.xfs",
 	"usr/sbin/blkid", "usr/bin/partx", "usr/sbin/sfdisk", "usr/sbin/sgdisk",
 	// A snapshot's thaw guard (internal/volume/freeze.go): sh -c '...
-	// fsfreeze --unfreeze'.
-	"usr/bin/sh", "usr/sbin/fsfreeze",
+	// fsfreeze --unfreeze ... rm -f -- NOTE'.
+	"usr/bin/sh", "usr/sbin/fsfreeze", "usr/bin/rm",
 	// A restored or cloned volume's new identity (internal/volume/
 	// identity.go: tune2fs -U, and xfs_db as xfs_admin -U runs it).
 	"usr/sbin/tune2fs", "usr/sbin/xfs_db",

@@ -301,8 +301,12 @@ func TestToolsRun(t *testing.T) {
 		{"mkfs.ext4", "-V"}, {"e2fsck", "-V"}, {"resize2fs", "-P", "/nonexistent"},
 		{"mkfs.xfs", "-V"},
 		{"blkid", "-V"}, {"partx", "-V"}, {"sfdisk", "-v"}, {"sgdisk", "--version"},
-		{"sh", "-c", "exit 0"}, {"fsfreeze", "-V"},
+		{"sh", "-c", "exit 0"}, {"fsfreeze", "-V"}, {"rm", "-f", "--", "/tmp/frozen-note"},
 		{"tune2fs", "-l", "/nonexistent"}, {"xfs_db", "-V"},
+	}
+	// The thaw guard's rm removes its freeze note.
+	if err := os.WriteFile(filepath.Join(root, "tmp/frozen-note"), nil, 0o600); err != nil {
+		t.Fatal(err)
 	}
 	ran := map[string]bool{}
 	for _, c := range runs {
@@ -318,6 +322,9 @@ func TestToolsRun(t *testing.T) {
 		if !ran[prog] {
 			t.Errorf("the image carries %s and nothing here runs it", prog)
 		}
+	}
+	if _, err := os.Lstat(filepath.Join(root, "tmp/frozen-note")); !os.IsNotExist(err) {
+		t.Errorf("rm in the image left the freeze note: %v", err)
 	}
 	// The filesystems, as the plugin makes and checks them.
 	for _, fs := range []struct{ mkfs, size string }{{"mkfs.ext4", "64M"}, {"mkfs.xfs", "320M"}} {
@@ -427,7 +434,10 @@ func TestToolsCoverExecs(t *testing.T) {
 		t.Fatalf("found only %v: the pattern no longer matches how internal/ runs programs", found)
 	}
 	// What internal/ runs inside a shell script, which the pattern misses.
-	for prog, where := range map[string]string{"fsfreeze": "internal/volume/freeze.go (guardScript)"} {
+	for prog, where := range map[string]string{
+		"fsfreeze": "internal/volume/freeze.go (guardScript)",
+		"rm":       "internal/volume/freeze.go (guardScript)",
+	} {
 		found[prog] = where
 	}
 	have := map[string]bool{}
