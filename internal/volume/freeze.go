@@ -127,6 +127,9 @@ func freeze(mountpoint string, devnum uint64, timeout time.Duration, note string
 // closes the fd.
 func openMountOf(mountpoint string, devnum uint64) (int, error) {
 	fd, err := unix.Open(mountpoint, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+		return -1, fmt.Errorf("it is not a directory any more (a link?): %w", ErrUnsafe)
+	}
 	if err != nil {
 		return -1, err
 	}
