@@ -347,8 +347,8 @@ func (s *Store) growFS(ctx context.Context, v *Volume, dev *loop.Device) error {
 		if growMountRace != nil {
 			growMountRace(mounts[0])
 		}
-		if err := growMountedXFS(dev, mounts[0]); err != nil {
-			return fmt.Errorf("expand %s: grow the filesystem at %s: %w", v.Name, mounts[0], err)
+		if err := growMountedXFS(dev, mounts); err != nil {
+			return fmt.Errorf("expand %s: grow the filesystem: %w", v.Name, err)
 		}
 		return nil
 	}
@@ -371,10 +371,11 @@ func (s *Store) growFS(ctx context.Context, v *Volume, dev *loop.Device) error {
 // writer of a directory on the way would swap it.
 var growMountRace func(mountpoint string)
 
-// growMountedXFS grows the XFS filesystem on dev, mounted at mountpoint
+// growMountedXFS grows the XFS filesystem on dev, mounted at mounts
 // (from the mount table), to the size of dev, through a descriptor of the
-// mount point proven to be on dev (openMountOf), which it closes again.
-func growMountedXFS(dev *loop.Device, mountpoint string) error {
+// first mount point proven to be on dev (openMountIn), which it closes
+// again.
+func growMountedXFS(dev *loop.Device, mounts []string) error {
 	devnum, err := dev.DevT()
 	if err != nil {
 		return err
@@ -383,7 +384,7 @@ func growMountedXFS(dev *loop.Device, mountpoint string) error {
 	if err != nil {
 		return err
 	}
-	fd, err := openMountOf(mountpoint, devnum)
+	fd, _, err := openMountIn(mounts, devnum)
 	if err != nil {
 		return err
 	}

@@ -70,17 +70,17 @@ type frozen struct {
 	held    time.Duration
 }
 
-// freeze freezes the filesystem mounted at mountpoint, after proving that
-// it is the filesystem of the block device devnum (the volume's data
-// device): the directory's st_dev must be that device. It gives up with an
+// freeze freezes the filesystem mounted at the first of mounts proven to
+// be the filesystem of the block device devnum (the volume's data
+// device; openMountIn): the directory's st_dev must be that device. It gives up with an
 // error if FIFREEZE does not return within timeout, and thaws by itself
 // when the freeze has lasted timeout. note, if not "", is the freeze
 // note's path, which the guard removes after a thaw of its own. The
 // caller calls thaw.
-func freeze(mountpoint string, devnum uint64, timeout time.Duration, note string) (*frozen, error) {
-	fd, err := openMountOf(mountpoint, devnum)
+func freeze(mounts []string, devnum uint64, timeout time.Duration, note string) (*frozen, error) {
+	fd, mountpoint, err := openMountIn(mounts, devnum)
 	if err != nil {
-		return nil, fmt.Errorf("freeze %s: %w", mountpoint, err)
+		return nil, fmt.Errorf("freeze: %w", err)
 	}
 	f := &frozen{path: mountpoint, fd: fd, note: note}
 	if err := f.startGuard(); err != nil {
@@ -118,6 +118,29 @@ func freeze(mountpoint string, devnum uint64, timeout time.Duration, note string
 		f.thaw()
 	})
 	return f, nil
+}
+
+// openMountIn opens the first of mounts (a volume's mount points, as the
+// mount table gave them) that openMountOf proves the filesystem of the
+// block device devnum, and returns its fd and path: a mount point covered
+// by another mount since, or swapped, is passed over for the next. None:
+// the first one's error (ErrUnsafe where it was swapped). The caller
+// closes the fd.
+func openMountIn(mounts []string, devnum uint64) (fd int, at string, err error) {
+	var first error
+	for _, m := range mounts {
+		fd, err := openMountOf(m, devnum)
+		if err == nil {
+			return fd, m, nil
+		}
+		if first == nil {
+			first = fmt.Errorf("%s: %w", m, err)
+		}
+	}
+	if first == nil {
+		first = fmt.Errorf("no mount point: %w", ErrNotMounted)
+	}
+	return -1, "", first
 }
 
 // openMountOf opens the directory mountpoint (a mount point the mount

@@ -751,7 +751,7 @@ func (s *Store) quiesce(v *Volume, ours []*loop.Device) (*quiesced, error) {
 			if err := s.noteFreeze(v.UUID); err != nil {
 				return nil, fmt.Errorf("volume %s: %w", v.Name, err)
 			}
-			f, err := freeze(mounts[0], st.Rdev, s.opts.FreezeTimeout, s.freezeNotePath(v.UUID))
+			f, err := freeze(mounts, st.Rdev, s.opts.FreezeTimeout, s.freezeNotePath(v.UUID))
 			if err != nil {
 				if !errors.Is(err, ErrBusy) { // else FIFREEZE may still freeze
 					s.clearFreezeNote(v.UUID)

@@ -560,7 +560,7 @@ func TestFreezeLeavesOthersFreeze(t *testing.T) {
 		t.Fatal(err)
 	}
 	fd := frozenByOthers(t, dir)
-	if f, err := freeze(dir, st.Dev, 5*time.Second, ""); !errors.Is(err, unix.EBUSY) {
+	if f, err := freeze([]string{dir}, st.Dev, 5*time.Second, ""); !errors.Is(err, unix.EBUSY) {
 		if f != nil {
 			f.thaw()
 		}
@@ -606,7 +606,7 @@ func TestGuardThawsItsOwnFreeze(t *testing.T) {
 			if err := os.WriteFile(note, nil, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			f, err := freeze(mnt, st.Dev, time.Minute, note)
+			f, err := freeze([]string{mnt}, st.Dev, time.Minute, note)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -688,6 +688,39 @@ func TestOpenMountOf(t *testing.T) {
 		if tt.ok && err != nil || !tt.ok && !errors.Is(err, ErrUnsafe) {
 			t.Errorf("openMountOf(%s) = %v, want ok %t (ErrUnsafe if not)", tt.path, err, tt.ok)
 		}
+	}
+}
+
+// TestOpenMountIn: the first mount point that is still the volume's
+// filesystem is used, one covered or swapped since is passed over; with
+// none, the first one's refusal.
+func TestOpenMountIn(t *testing.T) {
+	mnt := testutil.FilesystemDir(t, "ext4", 64<<20)
+	var st unix.Stat_t
+	if err := unix.Stat(mnt, &st); err != nil {
+		t.Fatal(err)
+	}
+	other := t.TempDir()
+	for _, tt := range []struct {
+		name   string
+		mounts []string
+		want   string // "": refused
+		err    error
+	}{
+		{"the first", []string{mnt, other}, mnt, nil},
+		{"the second, the first swapped", []string{other, mnt}, mnt, nil},
+		{"none is the volume's", []string{other}, "", ErrUnsafe},
+		{"no mount point", nil, "", ErrNotMounted},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			fd, at, err := openMountIn(tt.mounts, st.Dev)
+			if err == nil {
+				unix.Close(fd)
+			}
+			if at != tt.want || tt.err != nil && !errors.Is(err, tt.err) || tt.err == nil && err != nil {
+				t.Fatalf("openMountIn(%q) = %q, %v; want %q, %v", tt.mounts, at, err, tt.want, tt.err)
+			}
+		})
 	}
 }
 

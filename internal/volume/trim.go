@@ -145,7 +145,10 @@ func (s *Store) trim(v *Volume) (*TrimResult, error) {
 	if err := unix.Stat(st.DataDevice, &dev); err != nil {
 		return res, fmt.Errorf("trim %s: %w", v.Name, err)
 	}
-	trimmed, used, err := fstrim(res.MountPoint, dev.Rdev)
+	trimmed, used, at, err := fstrim(st.MountPoints, dev.Rdev)
+	if at != "" {
+		res.MountPoint = at
+	}
 	if err != nil {
 		return res, fmt.Errorf("trim %s: %w", v.Name, err)
 	}
@@ -156,13 +159,14 @@ func (s *Store) trim(v *Volume) (*TrimResult, error) {
 	return res, nil
 }
 
-// fstrim runs FITRIM over the whole filesystem mounted at dir, proven to
-// be the filesystem of the block device devnum (openMountOf), and returns
-// the bytes the filesystem discarded and the bytes it uses.
-func fstrim(dir string, devnum uint64) (trimmed uint64, used int64, err error) {
-	fd, err := openMountOf(dir, devnum)
+// fstrim runs FITRIM over the whole filesystem mounted at the first of
+// mounts proven to be the filesystem of the block device devnum
+// (openMountIn), and returns the bytes the filesystem discarded, the
+// bytes it uses and where it trimmed.
+func fstrim(mounts []string, devnum uint64) (trimmed uint64, used int64, dir string, err error) {
+	fd, dir, err := openMountIn(mounts, devnum)
 	if err != nil {
-		return 0, 0, fmt.Errorf("fstrim %s: %w", dir, err)
+		return 0, 0, "", fmt.Errorf("fstrim: %w", err)
 	}
 	f := os.NewFile(uintptr(fd), dir)
 	defer f.Close()
@@ -171,19 +175,19 @@ func fstrim(dir string, devnum uint64) (trimmed uint64, used int64, err error) {
 	// freeing is not yet on disk (which syncfs forces). Both are cheap.
 	var sfs unix.Statfs_t
 	if err := unix.Fstatfs(int(f.Fd()), &sfs); err != nil {
-		return 0, 0, fmt.Errorf("fstrim %s: statfs: %w", dir, err)
+		return 0, 0, dir, fmt.Errorf("fstrim %s: statfs: %w", dir, err)
 	}
 	if err := unix.Syncfs(int(f.Fd())); err != nil {
-		return 0, 0, fmt.Errorf("fstrim %s: syncfs: %w", dir, err)
+		return 0, 0, dir, fmt.Errorf("fstrim %s: syncfs: %w", dir, err)
 	}
 	r := fstrimRange{Len: math.MaxUint64}
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), fitrim, uintptr(unsafe.Pointer(&r))); errno != 0 {
-		return 0, 0, fmt.Errorf("fstrim %s: FITRIM: %w", dir, errno)
+		return 0, 0, dir, fmt.Errorf("fstrim %s: FITRIM: %w", dir, errno)
 	}
 	if err := unix.Fstatfs(int(f.Fd()), &sfs); err != nil {
-		return r.Len, 0, fmt.Errorf("fstrim %s: statfs: %w", dir, err)
+		return r.Len, 0, dir, fmt.Errorf("fstrim %s: statfs: %w", dir, err)
 	}
-	return r.Len, int64(sfs.Blocks-sfs.Bfree) * sfs.Bsize, nil
+	return r.Len, int64(sfs.Blocks-sfs.Bfree) * sfs.Bsize, dir, nil
 }
 
 // reallocate makes a thick volume's backing file (the open fd, which the
