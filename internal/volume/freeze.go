@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sparsevol/sparsevol/internal/fsutil"
+	"github.com/sparsevol/sparsevol/internal/loop"
 )
 
 // A mounted filesystem is frozen (FIFREEZE) around the copy of its volume
@@ -286,7 +287,9 @@ func (s *Store) clearFreezeNote(uuid string) {
 // a note whose volume is locked belongs to a live process (a snapshot in
 // progress, with its guard), whose freeze is left to it. A mount point is
 // thawed only once proven the volume's filesystem (openMountOf); one that
-// is not frozen any more is no error.
+// is not frozen any more is no error. A filesystem unmounted while frozen
+// is thawed through a private mount of the volume's device
+// (thawUnmounted).
 func (s *Store) ThawLeftovers() error {
 	f, err := fsutil.OpenDir(filepath.Join(s.root, lockDir))
 	if errors.Is(err, os.ErrNotExist) {
@@ -341,25 +344,91 @@ func (s *Store) thawLeftover(uuid string) error {
 	}
 	// One superblock: a thaw through any of its mounts thaws them all.
 	status := s.statusOf(v)
-	if len(status.MountPoints) > 0 {
-		m := status.MountPoints[0]
-		var dev unix.Stat_t
-		if err := unix.Stat(status.DataDevice, &dev); err != nil {
-			return fmt.Errorf("thaw %s: %w", v.Name, err)
+	if !status.Attached {
+		s.clearFreezeNote(uuid) // no device, nothing of it frozen
+		return nil
+	}
+	if len(status.MountPoints) == 0 {
+		if err := s.thawUnmounted(v); err != nil {
+			return err
 		}
-		fd, err := openMountOf(m, dev.Rdev)
-		if err != nil {
-			return fmt.Errorf("thaw %s at %s: %w", v.Name, m, err)
-		}
-		err = unix.IoctlSetInt(fd, ioctlFITHAW, 0)
-		unix.Close(fd)
-		switch {
-		case err == nil:
-			s.log.Warn("thawed a filesystem a killed snapshot left frozen", "volume", v.Name, "mount", m)
-		case !errors.Is(err, unix.EINVAL): // EINVAL: not frozen
-			return fmt.Errorf("thaw %s at %s: %w", v.Name, m, err)
-		}
+		s.clearFreezeNote(uuid)
+		return nil
+	}
+	m := status.MountPoints[0]
+	var dev unix.Stat_t
+	if err := unix.Stat(status.DataDevice, &dev); err != nil {
+		return fmt.Errorf("thaw %s: %w", v.Name, err)
+	}
+	fd, err := openMountOf(m, dev.Rdev)
+	if err != nil {
+		return fmt.Errorf("thaw %s at %s: %w", v.Name, m, err)
+	}
+	thawed, err := thawFD(fd)
+	unix.Close(fd)
+	if err != nil {
+		return fmt.Errorf("thaw %s at %s: %w", v.Name, m, err)
+	}
+	if thawed {
+		s.log.Warn("thawed a filesystem a killed snapshot left frozen", "volume", v.Name, "mount", m)
 	}
 	s.clearFreezeNote(uuid)
 	return nil
+}
+
+// thawUnmounted thaws v's filesystem where no mount shows it; the caller
+// holds v's lock. A filesystem unmounted while frozen stays frozen and
+// active, holding the device, and a new mount of the device gets it
+// again: v's device, proven v's and held, is mounted privately
+// (tempMount), thawed through the mount's root proven on the device, and
+// unmounted, which lets the filesystem go. A device nothing claims
+// (loop.Busy: an active filesystem claims its device) holds nothing
+// frozen and is not mounted.
+func (s *Store) thawUnmounted(v *Volume) error {
+	if v.Mode != ModeFilesystem {
+		return nil
+	}
+	fd, id, ours, err := s.openOwned(v, "thaw")
+	if err != nil {
+		return err
+	}
+	unix.Close(fd)
+	if len(ours) == 0 {
+		return nil
+	}
+	held, err := loop.Hold(ours[0].Path, v.owner(id))
+	if err != nil {
+		return fmt.Errorf("thaw %s: %w", v.Name, err)
+	}
+	defer held.Close()
+	if loop.Busy(held.Device.Path) == nil {
+		return nil
+	}
+	var thawed bool
+	err = s.tempMount(v, held.Device, "", func(root int) (err error) {
+		thawed, err = thawFD(root)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("thaw %s through a private mount of %s (see what else holds the device with `sparsevol status %s`; the plugin tries again at its next start): %w",
+			v.Name, held.Device.Path, v.Name, err)
+	}
+	if thawed {
+		s.log.Warn("thawed a filesystem a killed snapshot left frozen and that was unmounted since", "volume", v.Name, "device", held.Device.Path)
+	}
+	return nil
+}
+
+// thawFD thaws the filesystem of fd (FITHAW), a descriptor the caller
+// proved on the volume's filesystem and keeps; thawed says it was
+// frozen. One not frozen (EINVAL) is no error.
+func thawFD(fd int) (thawed bool, err error) {
+	err = unix.IoctlSetInt(fd, ioctlFITHAW, 0)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, unix.EINVAL):
+		return false, nil
+	}
+	return false, fmt.Errorf("FITHAW: %w", err)
 }

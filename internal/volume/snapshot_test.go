@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sparsevol/sparsevol/internal/loop"
 	"github.com/sparsevol/sparsevol/internal/testutil"
 )
 
@@ -795,6 +796,151 @@ func TestThawLeftovers(t *testing.T) {
 	unmountAll(t, s, v.Name)
 	if err := s.Delete(ctx, v.Name, DetachOptions{}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestThawLeftoversUnmounted: a filesystem unmounted while frozen (the
+// plugin killed mid-snapshot, kubelet unmounting before it restarts)
+// stays frozen and holds its device; ThawLeftovers thaws it through a
+// private mount of the device, after which a write on it returns, the
+// note and the temporary mount are gone and the volume detaches. A note
+// beside a held lock stays; one whose volume is unmounted but not frozen,
+// or not attached, is only removed.
+func TestThawLeftoversUnmounted(t *testing.T) {
+	tests := []struct {
+		name     string
+		req      CreateRequest
+		attached bool
+		freeze   bool
+	}{
+		{"ext4 frozen", CreateRequest{SizeBytes: 64 << 20}, true, true},
+		{"xfs frozen", CreateRequest{SizeBytes: 320 << 20, FSType: "xfs"}, true, true},
+		{"ext4 not frozen", CreateRequest{SizeBytes: 64 << 20}, true, false},
+		{"ext4 detached", CreateRequest{SizeBytes: 64 << 20}, false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newStore(t, Options{})
+			req := tt.req
+			req.Name, req.KeepAttached = "v", tt.attached
+			v := mustCreate(t, s, req)
+			note := s.freezeNotePath(v.UUID)
+			if err := s.noteFreeze(v.UUID); err != nil {
+				t.Fatal(err)
+			}
+			st, err := s.Status(v.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.attached {
+				dir := mountTemp(t, st.DataDevice, v.FSType)
+				thawAtCleanup(t, s, v)
+				if tt.freeze { // what a killed snapshot left
+					fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+					if err != nil {
+						t.Fatal(err)
+					}
+					err = unix.IoctlSetInt(fd, ioctlFIFREEZE, 0)
+					unix.Close(fd)
+					if err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := unix.Unmount(dir, 0); err != nil {
+					t.Fatalf("unmount while frozen: %v", err)
+				}
+			}
+
+			// A locked volume is a live snapshot's: its note is left.
+			unlock, err := s.lock(v.UUID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = s.ThawLeftovers()
+			unlock()
+			if _, serr := os.Lstat(note); err != nil || serr != nil {
+				t.Fatalf("ThawLeftovers beside a holder of the lock: %v, note %v", err, serr)
+			}
+
+			if err := s.ThawLeftovers(); err != nil {
+				t.Fatalf("ThawLeftovers: %v", err)
+			}
+			if _, err := os.Lstat(note); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the note is still there: %v", err)
+			}
+			if _, err := os.Lstat(s.tempMountDir(v)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the temporary mount point is still there: %v", err)
+			}
+			if tt.attached {
+				assertWritable(t, st.DataDevice, v.FSType)
+			}
+			if err := s.Detach(v.Name, DetachOptions{}); err != nil {
+				t.Fatalf("detach after ThawLeftovers: %v", err)
+			}
+			if st, err := s.Status(v.Name); err != nil || st.Attached {
+				t.Fatalf("after detach: attached %t, %v", st != nil && st.Attached, err)
+			}
+		})
+	}
+}
+
+// thawAtCleanup thaws, at cleanup, v's filesystem if a failing test left
+// it frozen and unmounted (its device attached, claimed, mounted
+// nowhere): through a mount of the device, which gets the frozen
+// filesystem. Otherwise the device would stay bound to the test's store.
+func thawAtCleanup(t *testing.T, s *Store, v *Volume) {
+	t.Helper()
+	t.Cleanup(func() {
+		st, err := s.Status(v.Name)
+		if err != nil || !st.Attached || len(st.MountPoints) > 0 || loop.Busy(st.DataDevice) == nil {
+			return
+		}
+		dir, err := os.MkdirTemp("", "thaw")
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer os.Remove(dir)
+		if err := unix.Mount(st.DataDevice, dir, v.FSType, 0, ""); err != nil {
+			t.Errorf("mount %s to thaw it: %v", st.DataDevice, err)
+			return
+		}
+		if fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0); err == nil {
+			unix.IoctlSetInt(fd, ioctlFITHAW, 0)
+			unix.Close(fd)
+		}
+		if err := unix.Unmount(dir, 0); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
+}
+
+// assertWritable fails the test unless a file can be written on the
+// filesystem on device within ten seconds: a write on a frozen one waits
+// until a thaw, which the test then does itself, so that it fails
+// rather than hangs.
+func assertWritable(t *testing.T, device, fstype string) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := unix.Mount(device, dir, fstype, 0, ""); err != nil {
+		t.Fatalf("mount %s: %v", device, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- os.WriteFile(filepath.Join(dir, "written"), []byte("x"), 0o600) }()
+	select {
+	case err := <-done:
+		unmountEventually(t, dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		if fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0); err == nil {
+			unix.IoctlSetInt(fd, ioctlFITHAW, 0)
+			unix.Close(fd)
+		}
+		<-done
+		unmountEventually(t, dir)
+		t.Fatalf("a write on %s did not return: its filesystem is still frozen", device)
 	}
 }
 
