@@ -516,13 +516,19 @@ func TestLogAttrsOfSnapshotRequests(t *testing.T) {
 		{&csi.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: "g", Secrets: secrets}, "group_snapshot_id=g"},
 	}
 	for _, tc := range tests {
-		attrs := logAttrs(tc.req)
-		var parts []string
-		for i := 0; i+1 < len(attrs); i += 2 {
-			parts = append(parts, fmt.Sprintf("%v=%v", attrs[i], attrs[i+1]))
-		}
-		if got := strings.Join(parts, " "); got != tc.want {
+		if got := loggedAttrs(tc.req); got != tc.want {
 			t.Errorf("%T: logged %q, want %q", tc.req, got, tc.want)
 		}
 	}
+}
+
+// loggedAttrs is what logAttrs makes of req, as key=value pairs joined by
+// spaces.
+func loggedAttrs(req any) string {
+	attrs := logAttrs(req)
+	var parts []string
+	for i := 0; i+1 < len(attrs); i += 2 {
+		parts = append(parts, fmt.Sprintf("%v=%v", attrs[i], attrs[i+1]))
+	}
+	return strings.Join(parts, " ")
 }

@@ -659,16 +659,24 @@ func frozenByOthers(t *testing.T, dir string) int {
 	return fd
 }
 
-// TestOpenMountOf: what freeze and fstrim act on is the mount point the
-// mount table gave only while it is the volume's filesystem: a link there
-// is not followed, a FIFO not opened, and a directory of another
-// filesystem is ErrUnsafe.
-func TestOpenMountOf(t *testing.T) {
+// mountedExt4 mounts a new ext4 filesystem for the test and returns its
+// mount point and the number of its device.
+func mountedExt4(t *testing.T) (string, uint64) {
+	t.Helper()
 	mnt := testutil.FilesystemDir(t, "ext4", 64<<20)
 	var st unix.Stat_t
 	if err := unix.Stat(mnt, &st); err != nil {
 		t.Fatal(err)
 	}
+	return mnt, st.Dev
+}
+
+// TestOpenMountOf: what freeze and fstrim act on is the mount point the
+// mount table gave only while it is the volume's filesystem: a link there
+// is not followed, a FIFO not opened, and a directory of another
+// filesystem is ErrUnsafe.
+func TestOpenMountOf(t *testing.T) {
+	mnt, dev := mountedExt4(t)
 	other := t.TempDir()
 	link := filepath.Join(other, "link")
 	fifo := filepath.Join(other, "fifo")
@@ -682,7 +690,7 @@ func TestOpenMountOf(t *testing.T) {
 		path string
 		ok   bool
 	}{{mnt, true}, {link, false}, {fifo, false}, {other, false}} {
-		fd, err := openMountOf(tt.path, st.Dev)
+		fd, err := openMountOf(tt.path, dev)
 		if err == nil {
 			unix.Close(fd)
 		}
@@ -696,11 +704,7 @@ func TestOpenMountOf(t *testing.T) {
 // filesystem is used, one covered or swapped since is passed over; with
 // none, the first one's refusal.
 func TestOpenMountIn(t *testing.T) {
-	mnt := testutil.FilesystemDir(t, "ext4", 64<<20)
-	var st unix.Stat_t
-	if err := unix.Stat(mnt, &st); err != nil {
-		t.Fatal(err)
-	}
+	mnt, dev := mountedExt4(t)
 	other := t.TempDir()
 	for _, tt := range []struct {
 		name   string
@@ -714,7 +718,7 @@ func TestOpenMountIn(t *testing.T) {
 		{"no mount point", nil, "", ErrNotMounted},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			fd, at, err := openMountIn(tt.mounts, st.Dev)
+			fd, at, err := openMountIn(tt.mounts, dev)
 			if err == nil {
 				unix.Close(fd)
 			}
