@@ -1,6 +1,7 @@
 package attack
 
 import (
+	"os"
 	"strings"
 	"testing"
 )
@@ -95,4 +96,53 @@ func TestUnknownSubcommand(t *testing.T) {
 	before := c.snapshot()
 	c.expectCode(c.sv(s, "frobnicate", "v"), 2)
 	c.unchanged(before)
+}
+
+// A size of a hundred thousand digits is refused before it is parsed
+// (exit 2), and the refusal does not echo it back.
+func TestOverlongSizeCLI(t *testing.T) {
+	t.Parallel()
+	c := newCase(t)
+	s := c.store("s")
+	before := c.snapshot()
+	r := c.sv(s, "create", "v", "--no-start", "--size", strings.Repeat("9", 100000))
+	c.expectCode(r, 2)
+	if len(r.stderr) > 1024 {
+		t.Errorf("the refusal is %d bytes long: the size was echoed", len(r.stderr))
+	}
+	c.unchanged(before)
+}
+
+// Store roots the units could not name (a space, a specifier, a new line
+// that would start a setting of its own) are refused by every command
+// with exit 2, and the store stays as it was, its mode included.
+func TestUnitUnsafeStoreRootCLI(t *testing.T) {
+	for _, tc := range []struct{ name, dir string }{
+		{"space", "st ore"},
+		{"specifier", "st%Hore"},
+		{"new line", "st\nExecStartPre=x"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := newCase(t)
+			s := c.store(tc.dir)
+			if err := os.Chmod(s, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			before := c.snapshot()
+			for _, args := range [][]string{{"list"}, {"create", "v", "--no-start", "--size", "16M"}, {"units", "install", "--offline"}} {
+				c.expectCode(c.sv(s, args...), 2)
+			}
+			c.unchanged(before)
+			if fi, err := os.Stat(s); err != nil || fi.Mode().Perm() != 0o755 {
+				t.Errorf("store %q after the refusals: %v, %v; want mode 0755 as it was", s, fi.Mode(), err)
+			}
+			if entries, _ := os.ReadDir(s); len(entries) != 0 {
+				t.Errorf("store %q holds %v after the refusals", s, entries)
+			}
+			if _, err := os.Lstat(c.path("units")); !os.IsNotExist(err) {
+				t.Errorf("units install wrote the unit directory: %v", err)
+			}
+		})
+	}
 }
