@@ -760,15 +760,7 @@ func TestThawLeftovers(t *testing.T) {
 			t.Fatal(err)
 		}
 		// A locked volume is a live snapshot's: its freeze is left.
-		unlock, err := s.lock(v.UUID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = s.ThawLeftovers()
-		unlock()
-		if _, serr := os.Lstat(note); err != nil || serr != nil {
-			t.Fatalf("frozen %t: ThawLeftovers beside a holder of the lock: %v, note %v", frozen, err, serr)
-		}
+		thawLeftoversLocked(t, s, v.UUID, note)
 		if frozen {
 			fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 			if err != nil {
@@ -856,15 +848,7 @@ func TestThawLeftoversUnmounted(t *testing.T) {
 			}
 
 			// A locked volume is a live snapshot's: its note is left.
-			unlock, err := s.lock(v.UUID)
-			if err != nil {
-				t.Fatal(err)
-			}
-			err = s.ThawLeftovers()
-			unlock()
-			if _, serr := os.Lstat(note); err != nil || serr != nil {
-				t.Fatalf("ThawLeftovers beside a holder of the lock: %v, note %v", err, serr)
-			}
+			thawLeftoversLocked(t, s, v.UUID, note)
 
 			if err := s.ThawLeftovers(); err != nil {
 				t.Fatalf("ThawLeftovers: %v", err)
@@ -999,4 +983,20 @@ func assertThawed(t *testing.T, dir string) {
 	}
 	unix.IoctlSetInt(fd, ioctlFITHAW, 0)
 	t.Fatalf("%s stayed frozen", dir)
+}
+
+// thawLeftoversLocked runs ThawLeftovers while the test holds uuid's
+// lock, as a live snapshot would, and fails unless it succeeds and
+// leaves the freeze note at note.
+func thawLeftoversLocked(t *testing.T, s *Store, uuid, note string) {
+	t.Helper()
+	unlock, err := s.lock(uuid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.ThawLeftovers()
+	unlock()
+	if _, serr := os.Lstat(note); err != nil || serr != nil {
+		t.Fatalf("ThawLeftovers beside a holder of the lock: %v, note %v", err, serr)
+	}
 }
