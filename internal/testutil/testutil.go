@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // SkipRootEnv names the variable that lets a non-root developer skip the
@@ -46,16 +47,28 @@ func Losetup(t testing.TB, path string, args ...string) string {
 
 // DetachIfServes detaches the loop device dev (losetup -d) if sysfs says
 // its backing file is path (or path, deleted since); otherwise it leaves
-// the device alone.
+// the device alone. It returns once the device no longer serves path: a
+// process of another test that has the device open for a moment (a scan,
+// a blkid) makes the kernel defer the detach until it closes the device,
+// and a leak check that runs after this one must not see it bound.
 func DetachIfServes(dev, path string) {
-	b, err := os.ReadFile("/sys/block/" + filepath.Base(dev) + "/loop/backing_file")
-	if err != nil {
-		return
-	}
-	if got := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)"); got != path {
+	if !serves(dev, path) {
 		return
 	}
 	exec.Command("losetup", "-d", dev).Run()
+	for deadline := time.Now().Add(5 * time.Second); serves(dev, path) && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// serves reports whether sysfs names path (or path, deleted since) as the
+// backing file of the loop device dev.
+func serves(dev, path string) bool {
+	b, err := os.ReadFile("/sys/block/" + filepath.Base(dev) + "/loop/backing_file")
+	if err != nil {
+		return false
+	}
+	return strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)") == path
 }
 
 // FilesystemDir makes a filesystem of fsType ("xfs" made with reflink=1,
