@@ -3,13 +3,12 @@ package volume
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/sparsevol/sparsevol/internal/loop"
+	"github.com/sparsevol/sparsevol/internal/testutil"
 )
 
 // identities lists the files of the udev identity directory: name -> content.
@@ -70,13 +69,10 @@ func TestUdevIdentity(t *testing.T) {
 				t.Errorf("udev identities %q, want only %s: %q", got, seq, want)
 			}
 			// Someone else's binding of the same file has a number of its own.
-			out, err := exec.Command("losetup", "--find", "--show", "--read-only", filepath.Join(s.root, ext4.UUID)).Output()
-			if err != nil {
-				t.Fatal(err)
-			}
-			foreign := strings.TrimSpace(string(out))
+			file := filepath.Join(s.root, ext4.UUID)
+			foreign := testutil.Losetup(t, file, "--read-only")
 			fdev, err := loop.Get(foreign)
-			exec.Command("losetup", "-d", foreign).Run()
+			testutil.DetachIfServes(foreign, file)
 			if err != nil {
 				t.Fatal(err)
 			}
