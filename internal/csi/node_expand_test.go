@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
 	"github.com/sparsevol/sparsevol/internal/volume"
@@ -139,5 +140,47 @@ func TestNodeExpandVolumePath(t *testing.T) {
 				t.Errorf("volume size %d after a refused expand, want %d", got, size)
 			}
 		})
+	}
+}
+
+// TestNodeExpandBlockAtPublishPath grows a published block volume the
+// way kubelet asks for it: volume_path is the pod's device file (the
+// publish target, where the device is bound). The device seen through
+// that file has the new size; another block volume's file is NotFound.
+func TestNodeExpandBlockAtPublishPath(t *testing.T) {
+	e := newTestEnv(t)
+	ctx := context.Background()
+	const size, grown = 32 << 20, 64 << 20
+	c := rwCap(volume.ModeBlock, "")
+	vol := e.createVolume(t, "expand-block", size, c, nil)
+	p := e.stageAndPublish(t, vol.GetVolumeId(), c)
+	t.Cleanup(func() { e.teardown(t, p) })
+	other := e.createVolume(t, "expand-block-other", size, c, nil)
+	q := e.stageAndPublish(t, other.GetVolumeId(), c)
+	t.Cleanup(func() { e.teardown(t, q) })
+
+	expand := func(path string) error {
+		_, err := e.node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: p.id, VolumePath: path,
+			StagingTargetPath: p.staging, CapacityRange: &csi.CapacityRange{RequiredBytes: grown}, VolumeCapability: c})
+		return err
+	}
+	wantCode(t, expand(q.target), codes.NotFound)
+	if got := volumeSize(t, e, p.id); got != size {
+		t.Fatalf("volume size %d after a refused expand, want %d", got, size)
+	}
+	if err := expand(p.target); err != nil {
+		t.Fatalf("NodeExpandVolume at the publish path: %v", err)
+	}
+	f, err := os.Open(p.target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	n, err := unix.IoctlGetUint64(int(f.Fd()), unix.BLKGETSIZE64)
+	if err != nil {
+		t.Fatalf("BLKGETSIZE64 %s: %v", p.target, err)
+	}
+	if n != grown {
+		t.Errorf("device at %s is %d bytes after NodeExpandVolume, want %d", p.target, n, grown)
 	}
 }
