@@ -596,11 +596,7 @@ func TestUnshared(t *testing.T) {
 		}, unix.O_RDWR, false},
 		{"losetup read-only", func(t *testing.T, path string) func() {
 			dev := testutil.Losetup(t, path, "-r")
-			return func() {
-				if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
-					t.Fatalf("losetup -d: %v: %s", err, out)
-				}
-			}
+			return func() { testutil.DetachIfServes(dev, path) }
 		}, unix.O_RDONLY, false},
 		{"another opener", func(t *testing.T, path string) func() {
 			f, err := os.Open(path)
