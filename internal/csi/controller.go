@@ -245,7 +245,7 @@ func checkCapability(v *volume.Volume, c *csi.VolumeCapability) error {
 			return status.Errorf(codes.InvalidArgument, "volume %s is a block volume and cannot be mounted", v.UUID)
 		}
 		if fs := c.GetMount().GetFsType(); fs != "" && fs != v.FSType {
-			return status.Errorf(codes.InvalidArgument, "volume %s has a %s filesystem, not %s", v.UUID, v.FSType, fs)
+			return status.Errorf(codes.InvalidArgument, "volume %s has a %s filesystem, not %s", v.UUID, v.FSType, volume.Quote(fs))
 		}
 	default:
 		return status.Error(codes.InvalidArgument, "volume capability has neither mount nor block access type")

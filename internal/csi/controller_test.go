@@ -570,3 +570,85 @@ func TestRefusalsEchoShort(t *testing.T) {
 		})
 	}
 }
+
+// TestControllerRefusalsEchoShort: a hostile id or list of ids a
+// controller or group RPC refuses is echoed quoted and cut, over the
+// plugin's socket, and the refusal changes nothing.
+func TestControllerRefusalsEchoShort(t *testing.T) {
+	e := newTestEnv(t)
+	ctx := context.Background()
+	fs := rwCap(volume.ModeFilesystem, "ext4")
+	vol := e.createVolume(t, "echo-vol", 16*mib, fs, nil)
+	if _, err := e.group.CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "echo-grp", SourceVolumeIds: []string{vol.VolumeId}}); err != nil {
+		t.Fatal(err)
+	}
+	word := "\x1b[31m\nforged\u202e" + strings.Repeat("x", 1<<20)
+	many := make([]string, 10000)
+	for i := range many {
+		many[i] = fmt.Sprintf("id-%d\n", i)
+	}
+	tests := []struct {
+		name  string
+		call  func() error
+		code  codes.Code
+		names string // the message names this
+	}{
+		{"group naming an id twice", func() error {
+			_, err := e.group.CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "g", SourceVolumeIds: []string{word, word}})
+			return err
+		}, codes.InvalidArgument, "twice"},
+		{"get group by a long id", func() error {
+			_, err := e.group.GetVolumeGroupSnapshot(ctx, &csi.GetVolumeGroupSnapshotRequest{GroupSnapshotId: "echo-grp", SnapshotIds: []string{word}})
+			return err
+		}, codes.InvalidArgument, "snapshot_ids"},
+		{"get group by many ids", func() error {
+			_, err := e.group.GetVolumeGroupSnapshot(ctx, &csi.GetVolumeGroupSnapshotRequest{GroupSnapshotId: "echo-grp", SnapshotIds: many})
+			return err
+		}, codes.InvalidArgument, "10000 in all"},
+		{"delete group by a long id", func() error {
+			_, err := e.group.DeleteVolumeGroupSnapshot(ctx, &csi.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: "echo-grp", SnapshotIds: []string{word}})
+			return err
+		}, codes.InvalidArgument, "snapshot_ids"},
+		{"delete group by many ids", func() error {
+			_, err := e.group.DeleteVolumeGroupSnapshot(ctx, &csi.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: "echo-grp", SnapshotIds: many})
+			return err
+		}, codes.InvalidArgument, "10000 in all"},
+		{"expand with a long fs_type", func() error {
+			_, err := e.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{
+				VolumeId: vol.VolumeId, CapacityRange: &csi.CapacityRange{RequiredBytes: 32 * mib}, VolumeCapability: rwCap(volume.ModeFilesystem, word),
+			})
+			return err
+		}, codes.InvalidArgument, "filesystem"},
+		{"delete a long id while it is busy", func() error {
+			release, err := e.drv.busy.acquire(word)
+			if err != nil {
+				return err
+			}
+			defer release()
+			_, err = e.ctrl.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: word})
+			return err
+		}, codes.Aborted, "in progress"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := storeState(t, e)
+			err := tc.call()
+			if status.Code(err) != tc.code {
+				t.Fatalf("got %.200v, want code %s", err, tc.code)
+			}
+			msg := status.Convert(err).Message()
+			if len(msg) > 512 {
+				t.Errorf("message of %d bytes echoes the value: %.160q...", len(msg), msg)
+			}
+			if i := strings.IndexFunc(msg, func(r rune) bool { return r < ' ' || r > '~' }); i >= 0 {
+				t.Errorf("message holds %q unescaped: %.160q", msg[i:i+1], msg)
+			}
+			if !strings.Contains(msg, tc.names) {
+				t.Errorf("message %.300q does not name %q", msg, tc.names)
+			}
+			if after := storeState(t, e); after != before {
+				t.Errorf("the store changed:\nbefore:\n%s\nafter:\n%s", before, after)
+			}
+		})
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -185,7 +186,7 @@ func (f *inflight) acquire(key string) (func(), error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.keys[key]; ok {
-		return nil, status.Errorf(codes.Aborted, "an operation on %s is already in progress", key)
+		return nil, status.Errorf(codes.Aborted, "an operation on %s is already in progress; retry later", volume.Quote(key))
 	}
 	f.keys[key] = struct{}{}
 	return func() {
@@ -193,6 +194,23 @@ func (f *inflight) acquire(key string) (func(), error) {
 		delete(f.keys, key)
 		f.mu.Unlock()
 	}, nil
+}
+
+// maxListed is how many values of a client's list quoteList shows.
+const maxListed = 4
+
+// quoteList is volume.Quote for a list a client sent: its first values
+// quoted, then how many there are in all, so that a message echoes a
+// hostile list neither whole nor unescaped.
+func quoteList(vals []string) string {
+	q := make([]string, 0, min(len(vals), maxListed)+1)
+	for _, v := range vals[:min(len(vals), maxListed)] {
+		q = append(q, volume.Quote(v))
+	}
+	if len(vals) > maxListed {
+		q = append(q, fmt.Sprintf("... (%d in all)", len(vals)))
+	}
+	return "[" + strings.Join(q, " ") + "]"
 }
 
 // lookup finds a volume by its CSI volume id, which is the volume UUID and

@@ -65,7 +65,7 @@ func checkMemberIDs(id string, members []*volume.Snapshot, want []string) error 
 	want = slices.Clone(want)
 	slices.Sort(want)
 	if !slices.Equal(have, want) {
-		return status.Errorf(codes.InvalidArgument, "snapshot_ids %v are not the members %v of group snapshot %s", want, have, id)
+		return status.Errorf(codes.InvalidArgument, "snapshot_ids %s are not the members %v of group snapshot %s; name them all, or none", quoteList(want), have, id)
 	}
 	return nil
 }
@@ -104,7 +104,7 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 			return nil, status.Error(codes.InvalidArgument, "source_volume_ids holds an empty id")
 		}
 		if seen[id] {
-			return nil, status.Errorf(codes.InvalidArgument, "source_volume_ids names %s twice", id)
+			return nil, status.Errorf(codes.InvalidArgument, "source_volume_ids names %s twice", volume.Quote(id))
 		}
 		seen[id] = true
 	}
@@ -208,7 +208,7 @@ func (d *Driver) DeleteVolumeGroupSnapshot(ctx context.Context, req *csi.DeleteV
 	if want := req.GetSnapshotIds(); len(want) > 0 {
 		for _, s := range members {
 			if !slices.Contains(want, s.UUID) {
-				return nil, status.Errorf(codes.InvalidArgument, "snapshot %s of group snapshot %s is not among snapshot_ids %v", s.UUID, id, want)
+				return nil, status.Errorf(codes.InvalidArgument, "snapshot %s of group snapshot %s is not among snapshot_ids %s", s.UUID, id, quoteList(want))
 			}
 		}
 	}
