@@ -111,7 +111,7 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 	if err := checkSnapshotParameters(req.GetParameters()); err != nil {
 		return nil, err
 	}
-	release, err := d.busy.acquire("snapshot name " + name)
+	release, err := d.busy.acquire(snapshotNameKey(name))
 	if err != nil {
 		return nil, err
 	}
@@ -185,13 +185,15 @@ func (d *Driver) GetVolumeGroupSnapshot(ctx context.Context, req *csi.GetVolumeG
 }
 
 // DeleteVolumeGroupSnapshot deletes every member of a group snapshot; an
-// unknown id is success.
+// unknown id is success. It holds the group's name (its id) in busy as
+// CreateVolumeGroupSnapshot does (snapshotNameKey), so a group still being
+// made is Aborted, then each member's id in turn.
 func (d *Driver) DeleteVolumeGroupSnapshot(ctx context.Context, req *csi.DeleteVolumeGroupSnapshotRequest) (*csi.DeleteVolumeGroupSnapshotResponse, error) {
 	id := req.GetGroupSnapshotId()
 	if id == "" {
 		return nil, status.Error(codes.InvalidArgument, "group_snapshot_id is required")
 	}
-	release, err := d.busy.acquire(id)
+	release, err := d.busy.acquire(snapshotNameKey(id))
 	if err != nil {
 		return nil, err
 	}

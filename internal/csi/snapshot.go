@@ -39,6 +39,13 @@ func snapshotLabels(name string) map[string]string {
 
 func managedSnapshot(s *volume.Snapshot) bool { return s.Labels[LabelManagedBy] == ManagedByCSI }
 
+// snapshotNameKey is the in-flight key of a snapshot or group snapshot
+// name (LabelCSIName of each snapshot made under it). A create holds it
+// from before the store reserves its snapshots until they are ready, and
+// a delete takes it, so that no snapshot is deleted while a create is
+// still copying into it.
+func snapshotNameKey(name string) string { return "snapshot name " + name }
+
 // lookupSnapshot finds a snapshot the driver made by its CSI id, which is
 // the snapshot UUID and never a name. Anything else is ErrNotFound.
 func (d *Driver) lookupSnapshot(ctx context.Context, id string) (*volume.Snapshot, error) {
@@ -99,7 +106,7 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	if !d.onThisNode(req.GetAccessibilityRequirements()) {
 		return nil, status.Errorf(codes.ResourceExhausted, "snapshots of node %s can only be accessible from %s=%s", d.nodeID, TopologyKey, d.nodeID)
 	}
-	release, err := d.busy.acquire("snapshot name " + name)
+	release, err := d.busy.acquire(snapshotNameKey(name))
 	if err != nil {
 		return nil, err
 	}
@@ -118,7 +125,9 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 }
 
 // DeleteSnapshot removes a snapshot; an unknown id is success. Volumes
-// restored from it are copies and stay.
+// restored from it are copies and stay. It holds the id's in-flight key,
+// then its name's (snapshotNameKey): a snapshot whose create (or its
+// group's) is still running is Aborted.
 func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequest) (*csi.DeleteSnapshotResponse, error) {
 	id := req.GetSnapshotId()
 	if id == "" {
@@ -129,6 +138,18 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 		return nil, err
 	}
 	defer release()
+	s, err := d.lookupSnapshot(ctx, id)
+	if errors.Is(err, volume.ErrNotFound) {
+		return &csi.DeleteSnapshotResponse{}, nil
+	}
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	releaseName, err := d.busy.acquire(snapshotNameKey(s.Labels[LabelCSIName]))
+	if err != nil {
+		return nil, err
+	}
+	defer releaseName()
 	if err := d.deleteSnapshot(ctx, id); err != nil {
 		return nil, err
 	}
@@ -136,7 +157,8 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 }
 
 // deleteSnapshot deletes snapshot id if the driver made it; gone already
-// is success. The caller holds id in busy.
+// is success. The caller holds id and the snapshot's snapshotNameKey in
+// busy.
 func (d *Driver) deleteSnapshot(ctx context.Context, id string) error {
 	if _, err := d.lookupSnapshot(ctx, id); err != nil {
 		if errors.Is(err, volume.ErrNotFound) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -531,4 +532,106 @@ func loggedAttrs(req any) string {
 		parts = append(parts, fmt.Sprintf("%v=%v", attrs[i], attrs[i+1]))
 	}
 	return strings.Join(parts, " ")
+}
+
+// TestSnapshotDeleteWhileCreating deletes a snapshot, and a group
+// snapshot, the moment the listing shows it being made: the delete is
+// Aborted, and the create ends with a ready snapshot whose file is there,
+// which a delete then removes.
+func TestSnapshotDeleteWhileCreating(t *testing.T) {
+	tests := []struct {
+		name   string
+		create func(e *testEnv, src string) error
+		delete func(e *testEnv, id string) error
+	}{
+		{"snapshot", func(e *testEnv, src string) error {
+			_, err := e.ctrl.CreateSnapshot(context.Background(), &csi.CreateSnapshotRequest{Name: "slow", SourceVolumeId: src})
+			return err
+		}, func(e *testEnv, id string) error {
+			_, err := e.ctrl.DeleteSnapshot(context.Background(), &csi.DeleteSnapshotRequest{SnapshotId: id})
+			return err
+		}},
+		{"group snapshot", func(e *testEnv, src string) error {
+			_, err := e.group.CreateVolumeGroupSnapshot(context.Background(), &csi.CreateVolumeGroupSnapshotRequest{Name: "slow", SourceVolumeIds: []string{src}})
+			return err
+		}, func(e *testEnv, _ string) error {
+			_, err := e.group.DeleteVolumeGroupSnapshot(context.Background(), &csi.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: "slow"})
+			return err
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newTestEnv(t)
+			ctx := context.Background()
+			vol := e.createVolume(t, "big", 1*gib, rwCap(volume.ModeBlock, ""), nil)
+			fillBacking(t, e, vol.VolumeId, 512*mib)
+			done := make(chan error, 1)
+			go func() { done <- tc.create(e, vol.VolumeId) }()
+			id := creatingSnapshot(t, e, done)
+			if err := tc.delete(e, id); status.Code(err) != codes.Aborted {
+				t.Errorf("delete while the create runs: %v, want Aborted", err)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("create: %v", err)
+			}
+			got, err := e.ctrl.GetSnapshot(ctx, &csi.GetSnapshotRequest{SnapshotId: id})
+			if err != nil || !got.GetSnapshot().GetReadyToUse() {
+				t.Fatalf("snapshot after its create: %v, %v", got, err)
+			}
+			sn, err := e.store.GetSnapshot(ctx, id)
+			if err != nil || sn.Problem != "" {
+				t.Fatalf("snapshot in the store: %+v, %v", sn, err)
+			}
+			if err := tc.delete(e, id); err != nil {
+				t.Fatalf("delete once made: %v", err)
+			}
+			if sns, err := e.store.ListSnapshots(ctx); err != nil || len(sns) != 0 {
+				t.Errorf("snapshots left: %v, %v", sns, err)
+			}
+		})
+	}
+}
+
+// fillBacking writes n bytes of data at the start of volume id's backing
+// file, so that a copy of it takes a while.
+func fillBacking(t testing.TB, e *testEnv, id string, n int64) {
+	t.Helper()
+	v, err := e.store.Get(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(v.BackingFile, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := bytes.Repeat([]byte("sparsevol"), int(mib)/9+1)[:mib]
+	for off := int64(0); off < n; off += mib {
+		if _, err := f.WriteAt(buf, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// creatingSnapshot polls ListSnapshots until it shows a snapshot not yet
+// ready, and returns its id; done reports the create's end, which must
+// not come first.
+func creatingSnapshot(t testing.TB, e *testEnv, done <-chan error) string {
+	t.Helper()
+	for {
+		select {
+		case err := <-done:
+			t.Fatalf("the create ended (%v) before the listing showed it running", err)
+		default:
+		}
+		l, err := e.ctrl.ListSnapshots(context.Background(), &csi.ListSnapshotsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range l.GetEntries() {
+			if !s.GetSnapshot().GetReadyToUse() {
+				return s.GetSnapshot().GetSnapshotId()
+			}
+		}
+	}
 }
