@@ -381,9 +381,10 @@ func (s *Store) CreateSnapshotGroup(ctx context.Context, volumeRefs []string, na
 }
 
 // snapshotVolumes snapshots vols (whose locks the caller holds) as
-// names[i]: reserve each (state creating), quiesce all, copy each, release
-// all, flush each copy, mark each ready. A failure removes what this call made and leaves
-// the snapshots that were ready before.
+// names[i]: reserve each (state creating), lock each one it makes
+// (claimCreating) until it is ready or undone, quiesce all, copy each,
+// release all, flush each copy, mark each ready. A failure removes what
+// this call made and leaves the snapshots that were ready before.
 func (s *Store) snapshotVolumes(ctx context.Context, vols []*Volume, names []string, opts SnapshotOptions) (out []*Snapshot, err error) {
 	sns := make([]*Snapshot, len(vols))
 	var todo []int
@@ -410,11 +411,28 @@ func (s *Store) snapshotVolumes(ctx context.Context, vols []*Volume, names []str
 	for _, i := range todo {
 		made = append(made, sns[i])
 	}
+	// Released after the undo below (defers run last first).
+	var held []func()
+	defer func() {
+		for _, unlock := range held {
+			unlock()
+		}
+	}()
 	defer func() {
 		if err != nil {
 			s.undoSnapshots(made)
 		}
 	}()
+	if snapshotRace != nil {
+		snapshotRace("reserved", made)
+	}
+	for _, sn := range made {
+		unlock, err := s.claimCreating(sn)
+		if err != nil {
+			return nil, err
+		}
+		held = append(held, unlock)
+	}
 	crashPoint("snapshot:reserved")
 	srcs := make([]int, len(vols))
 	for i := range srcs {
@@ -466,6 +484,9 @@ func (s *Store) snapshotVolumes(ctx context.Context, vols []*Volume, names []str
 		sns[i].Method = method
 	}
 	crashPoint("snapshot:copied")
+	if snapshotRace != nil {
+		snapshotRace("copied", made)
+	}
 	for _, q := range quiet {
 		if err := q.release(); err != nil {
 			return nil, err
@@ -563,17 +584,40 @@ func (s *Store) reserveSnapshot(v *Volume, name string, opts SnapshotOptions) (*
 	return sn, nil
 }
 
+// snapshotRace, if set (tests only), runs in snapshotVolumes after the
+// snapshots are reserved ("reserved") and after they are copied
+// ("copied"), with the snapshots this call makes.
+var snapshotRace func(step string, made []*Snapshot)
+
+// claimCreating takes the lock of sn, a snapshot this call reserved, and
+// proves under it that sn is still recorded as creating: a delete that
+// ran between the reservation and the lock removed it, and the create
+// stops with ErrNotReady instead of writing the file and a ready record
+// anew. The caller holds sn's lock (the returned function releases it)
+// until sn is ready or undone, so a delete waits for the outcome.
+func (s *Store) claimCreating(sn *Snapshot) (func(), error) {
+	unlock, err := s.lock(snapLock(sn.UUID))
+	if err != nil {
+		return nil, err
+	}
+	cur, err := s.readSnapMeta(sn.UUID)
+	if err == nil && cur.State != StateCreating {
+		err = fmt.Errorf("state %s", cur.State)
+	}
+	if err != nil {
+		unlock()
+		return nil, fmt.Errorf("snapshot %q was deleted while it was being created (%v); create it again: %w", sn.Name, err, ErrNotReady)
+	}
+	return unlock, nil
+}
+
 // copyIntoSnapshot copies the open backing file src into the snapshot's
 // file, made anew (a crashed run's is truncated first), and returns it
 // open, not flushed: the caller flushes it (flushCopy) once the source is
 // released, and closes it. The file's name (and a clone on XFS) become
-// durable with the ready record's flush (FlushOnce), which follows.
+// durable with the ready record's flush (FlushOnce), which follows. The
+// caller holds the snapshot's lock (claimCreating).
 func (s *Store) copyIntoSnapshot(ctx context.Context, sn *Snapshot, src int, progress func(done, total int64)) (CopyMethod, int, error) {
-	unlock, err := s.lock(snapLock(sn.UUID))
-	if err != nil {
-		return "", -1, err
-	}
-	defer unlock()
 	dir, err := s.snapDirFD()
 	if err != nil {
 		return "", -1, err

@@ -1000,3 +1000,53 @@ func thawLeftoversLocked(t *testing.T, s *Store, uuid, note string) {
 		t.Fatalf("ThawLeftovers beside a holder of the lock: %v, note %v", err, serr)
 	}
 }
+
+// TestSnapshotDeleteWhileCreating deletes a snapshot from another
+// goroutine while its create runs: right after the reservation, the
+// create gives up (ErrNotReady) and nothing is left; after the copy, the
+// delete waits for the create, which ends ready, and then removes it. In
+// neither case is a record left without its file, or a deleted snapshot
+// brought back.
+func TestSnapshotDeleteWhileCreating(t *testing.T) {
+	for _, step := range []string{"reserved", "copied"} {
+		t.Run(step, func(t *testing.T) {
+			s := newStore(t, Options{})
+			ctx := context.Background()
+			v := mustCreate(t, s, CreateRequest{Name: "v", SizeBytes: 16 << 20, Mode: ModeBlock})
+			deleted := make(chan error, 1)
+			snapshotRace = func(at string, made []*Snapshot) {
+				if at != step {
+					return
+				}
+				go func() { deleted <- s.DeleteSnapshot(ctx, made[0].UUID) }()
+				select {
+				case err := <-deleted:
+					deleted <- err
+				case <-time.After(300 * time.Millisecond): // waits on the snapshot's lock
+				}
+			}
+			t.Cleanup(func() { snapshotRace = nil })
+			sn, err := s.CreateSnapshot(ctx, v.Name, "snap", SnapshotOptions{})
+			snapshotRace = nil
+			if derr := <-deleted; derr != nil {
+				t.Fatalf("DeleteSnapshot during the create: %v", derr)
+			}
+			switch step {
+			case "reserved":
+				if !errors.Is(err, ErrNotReady) {
+					t.Fatalf("create whose snapshot was deleted after its reservation = %v, %v; want ErrNotReady", sn, err)
+				}
+			case "copied":
+				if err != nil {
+					t.Fatalf("create with a delete waiting: %v", err)
+				}
+			}
+			if sns, err := s.ListSnapshots(ctx); err != nil || len(sns) != 0 {
+				t.Errorf("snapshots after the create and the delete: %+v, %v; want none", sns, err)
+			}
+			if ents, err := os.ReadDir(filepath.Join(s.root, snapDir)); err != nil || len(ents) != 0 {
+				t.Errorf("snapshot directory after the create and the delete: %v, %v; want empty", ents, err)
+			}
+		})
+	}
+}
