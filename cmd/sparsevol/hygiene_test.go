@@ -228,6 +228,71 @@ func TestDoctorScopesDevicesToStore(t *testing.T) {
 	}
 }
 
+// TestDoctorQuotesHostileNames: a file name doctor reads from the store
+// (a stray snapshot file) or from sysfs (the backing file of a device
+// tagged for a volume the store lost) reaches its output only quoted,
+// never as it is: no newline forges a line, no escape sequence reaches the
+// terminal, and no command to paste holds the name.
+func TestDoctorQuotesHostileNames(t *testing.T) {
+	const hostile = "x$(id);`id`\n[OK  ] fine\x1b[2J"
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, root string) (undo func())
+	}{
+		{"stray snapshot file", func(t *testing.T, root string) func() {
+			if err := os.MkdirAll(filepath.Join(root, ".snapshots"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			stray := filepath.Join(root, ".snapshots", hostile)
+			if err := os.WriteFile(stray, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			return func() { os.Remove(stray) }
+		}},
+		{"backing file of a lost volume's device", func(t *testing.T, root string) func() {
+			uuid := strings.TrimSpace(mustRun(t, root, "create", "lost", "--size", "8M"))
+			file, renamed := filepath.Join(root, uuid), filepath.Join(root, hostile)
+			meta, aside := filepath.Join(root, uuid+".json"), filepath.Join(t.TempDir(), "meta")
+			if err := os.Rename(file, renamed); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(meta, aside); err != nil {
+				t.Fatal(err)
+			}
+			return func() {
+				os.Rename(renamed, file)
+				os.Rename(aside, meta)
+				mustRun(t, root, "delete", "lost")
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			root := newRoot(t)
+			undo := tt.setup(t, root)
+			r := sparsevol(t, root, nil, "doctor")
+			undo()
+			quoted := strconv.QuoteToASCII(hostile)
+			if !strings.Contains(r.stdout, quoted) {
+				t.Errorf("doctor does not show the name quoted as %s", quoted)
+			}
+			for _, bad := range []string{"\n[OK  ] fine", "\x1b", "$(id)"} {
+				if strings.Contains(strings.ReplaceAll(r.stdout, quoted, ""), bad) {
+					t.Errorf("doctor prints %q outside the quoted name", bad)
+				}
+			}
+			for _, line := range strings.Split(r.stdout, "\n") {
+				if strings.HasPrefix(strings.TrimSpace(line), "->") && strings.Contains(line, "id)") {
+					t.Errorf("a command to paste holds the name: %q", line)
+				}
+			}
+			if t.Failed() {
+				t.Logf("doctor:\n%s%s", r.stdout, r.stderr)
+			}
+		})
+	}
+}
+
 // TestDoctorFailsOnBrokenMetadata: a volume whose metadata cannot be read
 // is a failure, named with its file.
 func TestDoctorFailsOnBrokenMetadata(t *testing.T) {

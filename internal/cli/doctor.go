@@ -259,8 +259,12 @@ func (g *globals) diagnose() []finding {
 		add("WARN", "snapshots", err.Error(), "")
 	}
 	for _, p := range stray {
-		add("WARN", "snapshots", p+" is no snapshot's file or metadata (left by a killed writer, or put there by hand)",
-			"inspect it with `ls -l "+p+"` and remove it once you know what it is")
+		shown, plain := shownFile(p)
+		fix := "inspect it with `ls -l " + p + "` and remove it once you know what it is"
+		if !plain {
+			fix = "its name is no name the store gives: find it with `ls -lb " + filepath.Dir(p) + "` and remove it once you know what it is"
+		}
+		add("WARN", "snapshots", shown+" is no snapshot's file or metadata (left by a killed writer, or put there by hand)", fix)
 	}
 	return append(out, taggedDevices(s.Root(), ours)...)
 }
@@ -293,8 +297,9 @@ func taggedDevices(root string, ours map[string]bool) []finding {
 		case filepath.Dir(file) != root:
 			others++
 		case !ours[uuid]:
+			shown, _ := shownFile(file)
 			out = append(out, finding{"WARN", "device " + d.Path,
-				fmt.Sprintf("bound to %s in this store and tagged for volume %s, which this store does not have", file, uuid),
+				fmt.Sprintf("bound to %s in this store and tagged for volume %s, which this store does not have", shown, uuid),
 				"losetup -d " + d.Path})
 		}
 	}
@@ -303,6 +308,20 @@ func taggedDevices(root string, ours map[string]bool) []finding {
 			fmt.Sprintf("%d loop device(s) of volumes of other stores on this node (backing files outside %s): not this store's, left alone", others, root), ""})
 	}
 	return out
+}
+
+// shownFile is how doctor shows path, whose last element it read from a
+// directory or from sysfs (a stray file, a device's backing file): as it
+// is where that name is plain (volume.PlainName), else with the name
+// through volume.Quote, so that no newline, escape sequence or shell
+// syntax in it reaches the output. plain says which; only a plain path
+// is put into a command to paste.
+func shownFile(path string) (shown string, plain bool) {
+	dir, name := filepath.Split(path)
+	if volume.PlainName(name) {
+		return path, true
+	}
+	return dir + volume.Quote(name), false
 }
 
 // backingFileOf is the path of d's backing file as sysfs gives it, without

@@ -332,6 +332,22 @@ func quoteCut(s string) (q string, cut bool) {
 	return strconv.QuoteToASCII(strings.ToValidUTF8(s[:max], "")), true
 }
 
+// PlainName reports whether name, a file name read from a directory or
+// from sysfs (hostile: anyone who can name a file chose it), may be
+// printed as it is, in a line or in a command an operator pastes: not
+// empty, and only the bytes a volume name may hold (ASCII letters,
+// digits, '.', '_', '-'), none of which a shell or a terminal reads as
+// more than text. Every name the store gives its files is plain; any
+// other is shown through Quote and never put into a command.
+func PlainName(name string) bool {
+	for i := 0; i < len(name); i++ {
+		if !nameByte(name[i]) {
+			return false
+		}
+	}
+	return name != ""
+}
+
 func nameByte(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-'
 }
