@@ -137,6 +137,41 @@ func TestPVRefusesInvalidNames(t *testing.T) {
 	mustRun(t, root, "delete", "v")
 }
 
+// TestPVRefusesUnreadyVolumes: pv prints no manifest for a volume whose
+// record is broken (its fields unchecked) or unfinished (no filesystem
+// yet): kubelet would be sent to a path that is not the volume's, or
+// format one. It exits 1 and prints nothing.
+func TestPVRefusesUnreadyVolumes(t *testing.T) {
+	tests := []struct {
+		name   string
+		record func(data []byte) []byte
+	}{
+		{"broken", func(data []byte) []byte { return data[:10] }},
+		{"creating", func(data []byte) []byte {
+			return []byte(strings.Replace(string(data), `"state": "ready"`, `"state": "creating"`, 1))
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			root := newRoot(t)
+			uuid := strings.TrimSpace(mustRun(t, root, "create", "v", "--size", "8M", "--no-start"))
+			meta := filepath.Join(root, uuid+".json")
+			data, err := os.ReadFile(meta)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(meta, tt.record(data), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			r := sparsevol(t, root, nil, "pv", uuid, "--node", "node-1")
+			mustRun(t, root, "delete", uuid)
+			if r.code != 1 || r.stdout != "" || !strings.Contains(r.stderr, "state "+tt.name) {
+				t.Fatalf("pv of a %s volume: exit %d, want 1, no manifest and the state named; stdout:\n%s\nstderr: %s", tt.name, r.code, r.stdout, r.stderr)
+			}
+		})
+	}
+}
+
 // TestDoctorStoreFilesystem: doctor fails when the store's filesystem is
 // full or nearly so.
 func TestDoctorStoreFilesystem(t *testing.T) {

@@ -40,6 +40,13 @@ JSON, which kubectl apply and kustomize read as they read YAML.`,
 			if err != nil {
 				return err
 			}
+			// A broken record's fields are unchecked (Get gives a
+			// placeholder), an unfinished volume holds no filesystem yet:
+			// a manifest of either would send kubelet to a path that is
+			// not the volume's, or have it format one.
+			if v.State != volume.StateReady {
+				return fmt.Errorf("pv %s: state %s: %w (`sparsevol status %s` says what to do)", v.UUID, v.State, volume.ErrNotReady, v.UUID)
+			}
 			if node == "" {
 				if node, err = os.Hostname(); err != nil {
 					return err
