@@ -393,3 +393,41 @@ func TestDoctorBackingFileProblems(t *testing.T) {
 		})
 	}
 }
+
+// TestStatusQuotesHostileMountPoints mounts a volume at a directory whose
+// name holds a newline, a forged status row and an escape sequence:
+// status shows the mount point quoted, and delete's busy refusal names
+// it quoted, never raw.
+func TestStatusQuotesHostileMountPoints(t *testing.T) {
+	const hostile = "m\nProblem:  none\x1b[2J"
+	root := newRoot(t)
+	uuid := strings.TrimSpace(mustRun(t, root, "create", "v", "--size", "16M"))
+	dir := filepath.Join(t.TempDir(), hostile)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("/dev/disk/by-uuid/"+uuid, dir, "ext4", 0, ""); err != nil {
+		// No udev here: the volume's stable path names its device.
+		if err := unix.Mount("/dev/sparsevol/"+uuid, dir, "ext4", 0, ""); err != nil {
+			t.Fatalf("mount the volume: %v", err)
+		}
+	}
+	t.Cleanup(func() {
+		unix.Unmount(dir, 0)
+		mustRun(t, root, "delete", "v")
+	})
+	quoted := strconv.QuoteToASCII(dir)
+	for _, args := range [][]string{{"status", "v"}, {"delete", "v"}} {
+		r := sparsevol(t, root, nil, args...)
+		out := r.stdout + r.stderr
+		if !strings.Contains(out, quoted) {
+			t.Errorf("%v does not show the mount point quoted as %s:\n%s", args, quoted, out)
+		}
+		rest := strings.ReplaceAll(out, quoted, "")
+		for _, bad := range []string{"\x1b", "\nProblem:  none"} {
+			if strings.Contains(rest, bad) {
+				t.Errorf("%v prints %q outside the quoted mount point:\n%s", args, bad, out)
+			}
+		}
+	}
+}

@@ -125,7 +125,7 @@ func newStatusCommand(g *globals) *cobra.Command {
 			row("I/O limits", volume.FormatLimits(st.IOLimits))
 			row("Stable path", fmt.Sprintf("%s (exists: %v)", st.StablePath, st.StablePathExists))
 			for _, m := range st.MountPoints {
-				row("Mounted at", m)
+				row("Mounted at", volume.Shown(m))
 			}
 			for _, d := range st.ForeignDevices {
 				row("Foreign device", d+" (bound to the volume's file by someone else; left alone)")

@@ -111,7 +111,7 @@ func mountsOf(devnums map[string]string) []string {
 	var out []string
 	for _, m := range mountEntries() {
 		if name, ok := devnums[devnum(m)]; ok {
-			out = append(out, fmt.Sprintf("mount of %s at %s", name, m.Mountpoint))
+			out = append(out, fmt.Sprintf("mount of %s at %q", name, m.Mountpoint))
 		}
 	}
 	return out
@@ -143,7 +143,7 @@ func openers(n int) []string {
 			}
 			if target == prefix || strings.HasPrefix(target, prefix+"p") {
 				comm, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "comm"))
-				out = append(out, fmt.Sprintf("pid %s (%s)", p.Name(), strings.TrimSpace(string(comm))))
+				out = append(out, fmt.Sprintf("pid %s (%q)", p.Name(), strings.TrimSpace(string(comm))))
 				break
 			}
 		}

@@ -332,6 +332,21 @@ func quoteCut(s string) (q string, cut bool) {
 	return strconv.QuoteToASCII(strings.ToValidUTF8(s[:max], "")), true
 }
 
+// Shown is how a text the system reports and anyone may have chosen (a
+// mount point, a process name) is shown in a line of output: as it is
+// where every character of it prints, else Go-quoted with every
+// non-ASCII character escaped, so that no newline, escape sequence or
+// bidirectional character reaches a terminal. Unlike Quote it is never
+// cut: a long path is no attack, and an operator needs it whole.
+func Shown(s string) string {
+	for _, r := range s {
+		if !strconv.IsPrint(r) || r == utf8.RuneError {
+			return strconv.QuoteToASCII(s)
+		}
+	}
+	return s
+}
+
 // PlainName reports whether name, a file name read from a directory or
 // from sysfs (hostile: anyone who can name a file chose it), may be
 // printed as it is, in a line or in a command an operator pastes: not
