@@ -43,6 +43,11 @@ func (s *Store) newIdentity(ctx context.Context, v *Volume, dev *loop.Device) er
 		return nil // a whole-device raw volume has no identity
 	}
 	if err != nil {
+		// The tools' own errors do not say that the copy holds another
+		// filesystem than its record names (a forged or damaged stream).
+		if found, perr := s.probe(ctx, device); perr == nil && v.Mode == ModeFilesystem && found.Type != v.FSType {
+			return fmt.Errorf("new identity for %s: the copy holds %s, not the %s its source names (a damaged or forged stream or snapshot; use another): %w", v.Name, found, v.FSType, ErrMismatch)
+		}
 		return fmt.Errorf("new identity for %s: %w", v.Name, err)
 	}
 	return s.checkIdentity(ctx, v, device)

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -133,6 +135,44 @@ func TestImportKeepUUIDChecksContent(t *testing.T) {
 	v, err := s.Import(ctx, &forged, ImportRequest{Name: "q", KeepUUID: true})
 	if !errors.Is(err, ErrMismatch) {
 		t.Fatalf("import keeping a header UUID its partition does not carry = %+v, %v; want ErrMismatch", v, err)
+	}
+	if after, err := s.List(); err != nil || len(after) != len(before) {
+		t.Fatalf("volumes after the refused import: %d (%v), want %d", len(after), err, len(before))
+	}
+}
+
+// TestImportOtherFilesystemThanHeader: a stream whose header names ext4
+// but whose content is XFS is refused as ErrMismatch, with an error that
+// says what the content holds; nothing is left.
+func TestImportOtherFilesystemThanHeader(t *testing.T) {
+	s := newStore(t, Options{})
+	ctx := context.Background()
+	mustCreate(t, s, CreateRequest{Name: "x", SizeBytes: 320 << 20, FSType: "xfs"})
+	var exported bytes.Buffer
+	if _, err := s.Export(ctx, "x", &exported, StreamOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var forged bytes.Buffer
+	var sw *streamWriter
+	_, err := readStream(&exported, func(h *StreamHeader) error {
+		h.FSType = "ext4"
+		var err error
+		sw, err = newStreamWriter(&forged, h)
+		return err
+	}, func(off int64, data []byte) error { return sw.extent(off, data) })
+	if err == nil {
+		err = sw.close()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := s.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.Import(ctx, &forged, ImportRequest{Name: "y"})
+	if !errors.Is(err, ErrMismatch) || !strings.Contains(fmt.Sprint(err), "holds xfs") {
+		t.Fatalf("import of XFS content under an ext4 header = %+v, %v; want ErrMismatch naming xfs", v, err)
 	}
 	if after, err := s.List(); err != nil || len(after) != len(before) {
 		t.Fatalf("volumes after the refused import: %d (%v), want %d", len(after), err, len(before))
