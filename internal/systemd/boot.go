@@ -97,7 +97,10 @@ func (m Manager) MarkBootDone() error {
 
 // EnabledInstances lists the enabled instances (links in
 // multi-user.target.wants), sorted by UUID, each with the store its
-// drop-in names.
+// drop-in names. An instance whose name is not a volume UUID (Enable
+// makes no other) is left out of the list and named in the error
+// (ErrInvalid), which comes with the instances it could list: their
+// callers (the generator, boot) go on with those.
 func (m Manager) EnabledInstances() ([]Instance, error) {
 	tmplRoot, _, err := readUnitSettings(filepath.Join(m.dir(), TemplateName))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -112,12 +115,18 @@ func (m Manager) EnabledInstances() ([]Instance, error) {
 		return nil, fmt.Errorf("list enabled instances: %w", err)
 	}
 	var out []Instance
+	var errs []error
 	for _, e := range entries {
 		uuid, ok := strings.CutPrefix(e.Name(), "sparsevol@")
 		if !ok {
 			continue
 		}
 		if uuid, ok = strings.CutSuffix(uuid, ".service"); !ok || uuid == "" {
+			continue
+		}
+		if !volume.ValidUUID(uuid) {
+			errs = append(errs, fmt.Errorf("enabled unit %s in %s: %s is not a volume UUID; remove the link: %w",
+				volume.Quote(e.Name()), wants, volume.Quote(uuid), volume.ErrInvalid))
 			continue
 		}
 		inst := Instance{UUID: uuid, Root: tmplRoot}
@@ -137,21 +146,19 @@ func (m Manager) EnabledInstances() ([]Instance, error) {
 		out = append(out, inst)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].UUID < out[j].UUID })
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
 // EnabledVolumes lists the volumes of the enabled instances and their
-// stores (volume.Lifecycle).
+// stores (volume.Lifecycle), with EnabledInstances' error for those it
+// left out.
 func (m Manager) EnabledVolumes() ([]volume.EnabledVolume, error) {
 	insts, err := m.EnabledInstances()
-	if err != nil {
-		return nil, err
-	}
 	out := make([]volume.EnabledVolume, len(insts))
 	for i, in := range insts {
 		out[i] = volume.EnabledVolume{UUID: in.UUID, Root: in.Root}
 	}
-	return out, nil
+	return out, err
 }
 
 // readUnitSettings reads the two settings sparsevol writes into its unit
@@ -178,12 +185,18 @@ func readUnitSettings(path string) (root string, mountsFor []string, err error) 
 // Generate writes the generator's output into dir (the "normal" directory
 // systemd passes): while the boot is not done, a drop-in per enabled
 // instance (see above); always, a drop-in that makes BootUnit wait for the
-// mounts of every enabled instance.
+// mounts of every enabled instance. Instances EnabledInstances leaves out
+// get nothing; its error is returned once the others' drop-ins are
+// written.
 func (m Manager) Generate(dir string) error {
-	insts, err := m.EnabledInstances()
-	if err != nil {
-		return err
+	insts, listErr := m.EnabledInstances()
+	if err := m.generate(dir, insts); err != nil {
+		return errors.Join(listErr, err)
 	}
+	return listErr
+}
+
+func (m Manager) generate(dir string, insts []Instance) error {
 	if len(insts) == 0 {
 		return nil
 	}

@@ -77,6 +77,45 @@ func TestEnabledInstances(t *testing.T) {
 	}
 }
 
+// TestGenerateRefusesInstanceNames: an enabled instance whose name is not
+// a volume UUID gets no drop-in and is not listed for boot; the generator
+// says so (ErrInvalid) and still writes the drop-ins of the others.
+func TestGenerateRefusesInstanceNames(t *testing.T) {
+	const good = "0aaaaaaa-0000-4000-8000-000000000001"
+	for _, name := range []string{
+		"x\n[Service]\nExecStartPre=sh -c id",
+		"..",
+		"data",
+		"0AAAAAAA-0000-4000-8000-000000000001",
+		good + " " + good,
+	} {
+		t.Run(name, func(t *testing.T) {
+			m := newTestManager(t, "/srv/store")
+			enable(t, m, good, "")
+			enable(t, m, name, "")
+			out := t.TempDir()
+			if err := m.Generate(out); !errors.Is(err, volume.ErrInvalid) {
+				t.Errorf("Generate = %v, want ErrInvalid", err)
+			}
+			entries, err := os.ReadDir(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, e := range entries {
+				got = append(got, e.Name())
+			}
+			if want := []string{BootUnit + ".d", UnitName(good) + ".d"}; !reflect.DeepEqual(got, want) {
+				t.Errorf("generated %q, want %q", got, want)
+			}
+			vols, err := m.EnabledVolumes()
+			if want := []volume.EnabledVolume{{UUID: good, Root: "/srv/store"}}; !reflect.DeepEqual(vols, want) || !errors.Is(err, volume.ErrInvalid) {
+				t.Errorf("EnabledVolumes = %+v, %v; want %+v and ErrInvalid", vols, err, want)
+			}
+		})
+	}
+}
+
 func TestGenerate(t *testing.T) {
 	const a, b = "0aaaaaaa-0000-4000-8000-000000000001", "0bbbbbbb-0000-4000-8000-000000000002"
 	read := func(t *testing.T, path string) string {

@@ -29,6 +29,8 @@ type Lifecycle interface {
 	// Enabled reports whether the volume's unit is enabled.
 	Enabled(uuid string) bool
 	// EnabledVolumes lists the volumes of the enabled units, of any store.
+	// Units it cannot vouch for are left out and named in the error,
+	// which comes with the volumes it could list.
 	EnabledVolumes() ([]EnabledVolume, error)
 }
 
@@ -139,14 +141,12 @@ func (s *Store) disableBroken(ctx context.Context, uuid string) error {
 
 // AttachEnabled attaches the volumes of lc's enabled units, store by store,
 // each store in one pass (AttachMany), with opts for every store. It goes
-// on past stores and volumes that fail and reports them all; the volumes
+// on past units lc could not list, stores and volumes that fail, and
+// reports them all; the volumes
 // it attached are returned, store by store. Each store is swept of what
 // killed writers left (see uuids) first: once per boot.
 func AttachEnabled(ctx context.Context, lc Lifecycle, opts Options) ([]*Status, error) {
-	enabled, err := lc.EnabledVolumes()
-	if err != nil {
-		return nil, err
-	}
+	enabled, listErr := lc.EnabledVolumes()
 	byRoot := map[string][]string{}
 	var roots []string
 	for _, e := range enabled {
@@ -159,7 +159,7 @@ func AttachEnabled(ctx context.Context, lc Lifecycle, opts Options) ([]*Status, 
 		opts.Logger.Info("attaching the volumes of the enabled units", "units", len(enabled), "stores", len(roots))
 	}
 	var out []*Status
-	var errs []error
+	errs := []error{listErr}
 	for _, root := range roots {
 		s, err := Open(root, opts)
 		if err != nil {

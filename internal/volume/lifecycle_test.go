@@ -20,6 +20,7 @@ type fakeLifecycle struct {
 	calls                              []string
 	enabled                            map[string]bool
 	list                               []EnabledVolume
+	listErr                            error // EnabledVolumes' error, with list
 	failEnable, failStart, failDisable error
 	onDisable                          func(uuid string)
 }
@@ -89,7 +90,7 @@ func (f *fakeLifecycle) Disable(_ context.Context, uuid string) error {
 
 func (f *fakeLifecycle) Enabled(uuid string) bool { return f.enabled[uuid] }
 
-func (f *fakeLifecycle) EnabledVolumes() ([]EnabledVolume, error) { return f.list, nil }
+func (f *fakeLifecycle) EnabledVolumes() ([]EnabledVolume, error) { return f.list, f.listErr }
 
 // newManagedStore opens a store whose Lifecycle is a fresh fake.
 func newManagedStore(t *testing.T) (*Store, *fakeLifecycle) {
@@ -274,7 +275,8 @@ func TestActivate(t *testing.T) {
 
 // TestAttachEnabled: the volumes of the enabled units are attached, store
 // by store; volumes without an enabled unit are left alone; a missing
-// volume and a missing store are reported without giving up on the rest.
+// volume, a missing store and units the lifecycle could not list are
+// reported without giving up on the rest.
 func TestAttachEnabled(t *testing.T) {
 	ctx := context.Background()
 	a, b := newStore(t, Options{}), newStore(t, Options{})
@@ -285,10 +287,10 @@ func TestAttachEnabled(t *testing.T) {
 	nowhere := filepath.Join(t.TempDir(), "no-store")
 	f := &fakeLifecycle{list: []EnabledVolume{
 		{a1.UUID, a.Root()}, {b1.UUID, b.Root()}, {gone, a.Root()}, {a2.UUID, a.Root()}, {NewUUID(), nowhere},
-	}}
+	}, listErr: fmt.Errorf("unit left out: %w", ErrInvalid)}
 	sts, err := AttachEnabled(ctx, f, Options{})
-	if err == nil || !strings.Contains(err.Error(), gone) || !strings.Contains(err.Error(), nowhere) {
-		t.Errorf("AttachEnabled error %v; want one naming %s and %s", err, gone, nowhere)
+	if err == nil || !strings.Contains(err.Error(), gone) || !strings.Contains(err.Error(), nowhere) || !errors.Is(err, ErrInvalid) {
+		t.Errorf("AttachEnabled error %v; want one naming %s and %s, and the unit left out", err, gone, nowhere)
 	}
 	var names []string
 	for _, st := range sts {
