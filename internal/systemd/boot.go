@@ -98,11 +98,13 @@ func (m Manager) MarkBootDone() error {
 // EnabledInstances lists the enabled instances (links in
 // multi-user.target.wants), sorted by UUID, each with the store its
 // drop-in names. An instance whose name is not a volume UUID (Enable
-// makes no other) is left out of the list and named in the error
-// (ErrInvalid), which comes with the instances it could list: their
-// callers (the generator, boot) go on with those.
+// makes no other), or whose store or mounts (from its drop-in or the
+// template) fail volume.CheckUnitPath, is left out of the list and named
+// in the error (ErrInvalid), which comes with the instances it could
+// list: their callers (the generator, boot) go on with those.
 func (m Manager) EnabledInstances() ([]Instance, error) {
-	tmplRoot, _, err := readUnitSettings(filepath.Join(m.dir(), TemplateName))
+	tmpl := filepath.Join(m.dir(), TemplateName)
+	tmplRoot, _, err := readUnitSettings(tmpl)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("read %s: %w", TemplateName, err)
 	}
@@ -129,12 +131,12 @@ func (m Manager) EnabledInstances() ([]Instance, error) {
 				volume.Quote(e.Name()), wants, volume.Quote(uuid), volume.ErrInvalid))
 			continue
 		}
-		inst := Instance{UUID: uuid, Root: tmplRoot}
+		inst, rootFrom := Instance{UUID: uuid, Root: tmplRoot}, tmpl
 		root, mounts, err := readUnitSettings(m.DropInPath(uuid))
 		switch {
 		case err == nil:
 			if root != "" {
-				inst.Root = root
+				inst.Root, rootFrom = root, m.DropInPath(uuid)
 			}
 			inst.MountsFor = mounts
 		case !errors.Is(err, fs.ErrNotExist):
@@ -143,10 +145,29 @@ func (m Manager) EnabledInstances() ([]Instance, error) {
 		if inst.Root == "" {
 			inst.Root = defaultRoot
 		}
+		if err := inst.check(rootFrom, m.DropInPath(uuid)); err != nil {
+			errs = append(errs, err)
+			continue
+		}
 		out = append(out, inst)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].UUID < out[j].UUID })
 	return out, errors.Join(errs...)
+}
+
+// check applies volume.CheckUnitPath to the store and mounts of in, read
+// from rootFrom and mountsFrom: they go into the generated drop-ins and
+// name the store boot opens.
+func (in Instance) check(rootFrom, mountsFrom string) error {
+	if err := volume.CheckUnitPath(in.Root); err != nil {
+		return fmt.Errorf("enabled unit %s: store in %s: %w", UnitName(in.UUID), rootFrom, err)
+	}
+	for _, p := range in.MountsFor {
+		if err := volume.CheckUnitPath(p); err != nil {
+			return fmt.Errorf("enabled unit %s: RequiresMountsFor= in %s: %w", UnitName(in.UUID), mountsFrom, err)
+		}
+	}
+	return nil
 }
 
 // EnabledVolumes lists the volumes of the enabled instances and their

@@ -116,6 +116,50 @@ func TestGenerateRefusesInstanceNames(t *testing.T) {
 	}
 }
 
+// TestGenerateRefusesDropInPaths: an instance whose store or mounts, read
+// from its drop-in or the template, fail volume.CheckUnitPath gets no
+// drop-in, adds nothing to the boot unit's mounts and is not listed for
+// boot; the others are generated as usual.
+func TestGenerateRefusesDropInPaths(t *testing.T) {
+	const good, bad = "0aaaaaaa-0000-4000-8000-000000000001", "0bbbbbbb-0000-4000-8000-000000000002"
+	tests := []struct {
+		name, template, root string
+		mounts               []string
+	}{
+		{"relative store", "/srv/store", "../../tmp/evil", []string{"/srv/x"}},
+		{"store with a specifier", "/srv/store", "/srv/a%i", []string{"/srv/x"}},
+		{"quoted mount", "/srv/store", "/srv/x", []string{`"/a`, `b"`}},
+		{"mount with a specifier", "/srv/store", "/srv/x", []string{"%h/x"}},
+		{"relative mount", "/srv/store", "/srv/x", []string{"relative"}},
+		{"unclean mount", "/srv/store", "/srv/x", []string{"/srv/x/../y"}},
+		{"relative template store", "srv/store", "", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := newTestManager(t, tt.template)
+			enable(t, m, good, "/srv/good", "/srv/good")
+			enable(t, m, bad, tt.root, tt.mounts...)
+			out := t.TempDir()
+			if err := m.Generate(out); !errors.Is(err, volume.ErrInvalid) {
+				t.Errorf("Generate = %v, want ErrInvalid", err)
+			}
+			if _, err := os.Stat(filepath.Join(out, UnitName(bad)+".d")); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("drop-in generated for %s (%v)", bad, err)
+			}
+			if boot, err := os.ReadFile(filepath.Join(out, BootUnit+".d", bootDropIn)); err != nil || !strings.HasSuffix(string(boot), "\nRequiresMountsFor=/srv/good\n") {
+				t.Errorf("%s drop-in (%v):\n%s", BootUnit, err, boot)
+			}
+			if _, err := os.Stat(filepath.Join(out, UnitName(good)+".d", bootDropIn)); err != nil {
+				t.Errorf("no drop-in for %s: %v", good, err)
+			}
+			vols, err := m.EnabledVolumes()
+			if want := []volume.EnabledVolume{{UUID: good, Root: "/srv/good"}}; !reflect.DeepEqual(vols, want) || !errors.Is(err, volume.ErrInvalid) {
+				t.Errorf("EnabledVolumes = %+v, %v; want %+v and ErrInvalid", vols, err, want)
+			}
+		})
+	}
+}
+
 func TestGenerate(t *testing.T) {
 	const a, b = "0aaaaaaa-0000-4000-8000-000000000001", "0bbbbbbb-0000-4000-8000-000000000002"
 	read := func(t *testing.T, path string) string {
