@@ -2,14 +2,17 @@ package systemd
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 
+	"github.com/sparsevol/sparsevol/internal/fsutil"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
@@ -99,9 +102,10 @@ func (m Manager) MarkBootDone() error {
 // multi-user.target.wants), sorted by UUID, each with the store its
 // drop-in names. An instance whose name is not a volume UUID (Enable
 // makes no other), or whose store or mounts (from its drop-in or the
-// template) fail volume.CheckUnitPath, is left out of the list and named
-// in the error (ErrInvalid), which comes with the instances it could
-// list: their callers (the generator, boot) go on with those.
+// template) fail volume.CheckUnitPath (ErrInvalid), or whose drop-in is
+// there but cannot be read as Enable writes it (readDropIn), is left out
+// of the list and named in the error, which comes with the instances it
+// could list: their callers (the generator, boot) go on with those.
 func (m Manager) EnabledInstances() ([]Instance, error) {
 	tmpl := filepath.Join(m.dir(), TemplateName)
 	tmplRoot, _, err := readUnitSettings(tmpl)
@@ -132,7 +136,7 @@ func (m Manager) EnabledInstances() ([]Instance, error) {
 			continue
 		}
 		inst, rootFrom := Instance{UUID: uuid, Root: tmplRoot}, tmpl
-		root, mounts, err := readUnitSettings(m.DropInPath(uuid))
+		root, mounts, err := readDropIn(m.DropInPath(uuid))
 		switch {
 		case err == nil:
 			if root != "" {
@@ -140,7 +144,8 @@ func (m Manager) EnabledInstances() ([]Instance, error) {
 			}
 			inst.MountsFor = mounts
 		case !errors.Is(err, fs.ErrNotExist):
-			return nil, fmt.Errorf("read drop-in of %s: %w", UnitName(uuid), err)
+			errs = append(errs, fmt.Errorf("enabled unit %s: drop-in: %w; remove it, or disable and enable the volume again", UnitName(uuid), err))
+			continue
 		}
 		if inst.Root == "" {
 			inst.Root = defaultRoot
@@ -182,6 +187,22 @@ func (m Manager) EnabledVolumes() ([]volume.EnabledVolume, error) {
 	return out, err
 }
 
+// maxDropIn bounds the drop-in readDropIn reads: Enable writes a few
+// paths.
+const maxDropIn = 64 << 10
+
+// readDropIn is readUnitSettings for an instance's drop-in, which only
+// Enable writes: a regular file of at most maxDropIn bytes, read without
+// following a link (fsutil.ReadRegular), so that a FIFO there cannot hold
+// up the generator and boot, nor a link make them read another file.
+func readDropIn(path string) (root string, mountsFor []string, err error) {
+	data, err := fsutil.ReadRegular(path, maxDropIn)
+	if err != nil {
+		return "", nil, err
+	}
+	return unitSettings(bytes.NewReader(data))
+}
+
 // readUnitSettings reads the two settings sparsevol writes into its unit
 // files: Environment=SPARSEVOL_ROOT= and RequiresMountsFor=.
 func readUnitSettings(path string) (root string, mountsFor []string, err error) {
@@ -190,7 +211,12 @@ func readUnitSettings(path string) (root string, mountsFor []string, err error) 
 		return "", nil, err
 	}
 	defer f.Close()
-	sc := bufio.NewScanner(f)
+	return unitSettings(f)
+}
+
+// unitSettings is readUnitSettings on the text r.
+func unitSettings(r io.Reader) (root string, mountsFor []string, err error) {
+	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
 		if v, ok := strings.CutPrefix(line, "Environment=SPARSEVOL_ROOT="); ok {

@@ -8,6 +8,9 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	systemdunit "github.com/sparsevol/sparsevol/deploy/systemd"
 	"github.com/sparsevol/sparsevol/internal/volume"
@@ -155,6 +158,66 @@ func TestGenerateRefusesDropInPaths(t *testing.T) {
 			vols, err := m.EnabledVolumes()
 			if want := []volume.EnabledVolume{{UUID: good, Root: "/srv/good"}}; !reflect.DeepEqual(vols, want) || !errors.Is(err, volume.ErrInvalid) {
 				t.Errorf("EnabledVolumes = %+v, %v; want %+v and ErrInvalid", vols, err, want)
+			}
+		})
+	}
+}
+
+// TestGenerateUnreadableDropIn: a drop-in that is not a regular file of
+// Enable's size (a FIFO would hold up the generator for good, a link
+// would make it read another file) is refused without waiting; only its
+// instance is left out.
+func TestGenerateUnreadableDropIn(t *testing.T) {
+	const good, bad = "0aaaaaaa-0000-4000-8000-000000000001", "0bbbbbbb-0000-4000-8000-000000000002"
+	elsewhere := filepath.Join(t.TempDir(), "10-store.conf")
+	if err := os.WriteFile(elsewhere, []byte("[Service]\nEnvironment=SPARSEVOL_ROOT=/srv/elsewhere\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		make func(path string) error
+	}{
+		{"directory", func(p string) error { return os.Mkdir(p, 0o755) }},
+		{"fifo", func(p string) error { return unix.Mkfifo(p, 0o644) }},
+		{"symlink", func(p string) error { return os.Symlink(elsewhere, p) }},
+		{"oversized", func(p string) error {
+			return os.WriteFile(p, []byte("[Service]\nEnvironment=SPARSEVOL_ROOT=/srv/x\n"+strings.Repeat("#\n", maxDropIn)), 0o644)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := newTestManager(t, "/srv/store")
+			enable(t, m, good, "/srv/good", "/srv/good")
+			enable(t, m, bad, "")
+			if err := os.MkdirAll(filepath.Dir(m.DropInPath(bad)), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := tt.make(m.DropInPath(bad)); err != nil {
+				t.Fatal(err)
+			}
+			out := t.TempDir()
+			done := make(chan error, 1)
+			go func() { done <- m.Generate(out) }()
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), UnitName(bad)) {
+					t.Errorf("Generate = %v, want an error naming %s", err, UnitName(bad))
+				}
+			case <-time.After(10 * time.Second):
+				if fd, err := unix.Open(m.DropInPath(bad), unix.O_WRONLY|unix.O_NONBLOCK, 0); err == nil {
+					unix.Close(fd) // let the blocked reader go
+				}
+				t.Fatal("Generate blocked on the drop-in")
+			}
+			if _, err := os.Stat(filepath.Join(out, UnitName(bad)+".d")); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("drop-in generated for %s (%v)", bad, err)
+			}
+			if _, err := os.Stat(filepath.Join(out, UnitName(good)+".d", bootDropIn)); err != nil {
+				t.Errorf("no drop-in for %s: %v", good, err)
+			}
+			vols, _ := m.EnabledVolumes()
+			if want := []volume.EnabledVolume{{UUID: good, Root: "/srv/good"}}; !reflect.DeepEqual(vols, want) {
+				t.Errorf("EnabledVolumes = %+v, want %+v", vols, want)
 			}
 		})
 	}
