@@ -169,6 +169,35 @@ func ReadRegular(path string, limit int64) ([]byte, error) {
 	}
 }
 
+// CreateMarker makes path an empty regular file if nothing is there, and
+// leaves a regular file that is there as it is: a marker whose existence
+// is all it says. Whatever is at path is input, not trusted: a final
+// symbolic link is not followed (nothing is created or truncated where
+// it points), a FIFO is not waited on, and anything but a regular file is
+// refused (errors are *os.PathError). The caller makes the directory.
+func CreateMarker(path string) error {
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o644)
+	if errors.Is(err, unix.ELOOP) {
+		err = errSymlink
+	}
+	if err != nil {
+		return &os.PathError{Op: "create", Path: path, Err: err}
+	}
+	_, err = CheckFD(fd, func(st *unix.Stat_t) error {
+		if st.Mode&unix.S_IFMT != unix.S_IFREG {
+			return &os.PathError{Op: "create", Path: path, Err: errNotRegular}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := unix.Close(fd); err != nil {
+		return &os.PathError{Op: "close", Path: path, Err: err}
+	}
+	return nil
+}
+
 // ReadRegular's refusals of what is not a regular file.
 var (
 	errNotRegular = errors.New("not a regular file")

@@ -109,6 +109,57 @@ func TestReadRegular(t *testing.T) {
 	}
 }
 
+// TestCreateMarker: a missing marker is made, a regular file left as it
+// is; a symbolic link (dangling or not) is refused without creating or
+// truncating its target, a FIFO without blocking, a directory too.
+func TestCreateMarker(t *testing.T) {
+	dir := t.TempDir()
+	victim, absent := filepath.Join(dir, "victim"), filepath.Join(dir, "absent")
+	if err := os.WriteFile(victim, []byte("kept"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name   string
+		make   func(path string) error
+		refuse bool
+	}{
+		{"missing", func(string) error { return nil }, false},
+		{"regular file", func(p string) error { return os.WriteFile(p, []byte("kept"), 0o600) }, false},
+		{"link to a file", func(p string) error { return os.Symlink(victim, p) }, true},
+		{"dangling link", func(p string) error { return os.Symlink(absent, p) }, true},
+		{"FIFO", func(p string) error { return unix.Mkfifo(p, 0o600) }, true},
+		{"directory", func(p string) error { return os.Mkdir(p, 0o700) }, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "marker")
+			if err := tt.make(path); err != nil {
+				t.Fatal(err)
+			}
+			var before []byte
+			if !tt.refuse {
+				before, _ = os.ReadFile(path)
+			}
+			err := CreateMarker(path)
+			if tt.refuse {
+				if err == nil {
+					t.Error("made a marker over it, want a refusal")
+				}
+			} else if fi, serr := os.Lstat(path); err != nil || serr != nil || !fi.Mode().IsRegular() {
+				t.Errorf("CreateMarker = %v; marker %v, %v", err, fi, serr)
+			} else if after, _ := os.ReadFile(path); !bytes.Equal(after, before) {
+				t.Errorf("marker now holds %q, was %q", after, before)
+			}
+			if got, err := os.ReadFile(victim); err != nil || string(got) != "kept" {
+				t.Errorf("victim now %q, %v", got, err)
+			}
+			if _, err := os.Lstat(absent); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("a link's target was created (%v)", err)
+			}
+		})
+	}
+}
+
 // TestCheckFD: a passing check hands the fd back open; a failing one
 // returns its error with the fd closed.
 func TestCheckFD(t *testing.T) {

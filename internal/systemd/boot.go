@@ -81,19 +81,22 @@ func (m Manager) runDir() string {
 
 func (m Manager) bootDoneFile() string { return filepath.Join(m.runDir(), "boot-done") }
 
-// BootDone reports whether this boot's BootUnit has finished.
+// BootDone reports whether this boot's BootUnit has finished: its marker
+// is a regular file (a link there is not MarkBootDone's).
 func (m Manager) BootDone() bool {
-	_, err := os.Stat(m.bootDoneFile())
-	return err == nil
+	fi, err := os.Lstat(m.bootDoneFile())
+	return err == nil && fi.Mode().IsRegular()
 }
 
-// MarkBootDone ends boot mode for the generator's next run.
+// MarkBootDone ends boot mode for the generator's next run. The marker
+// is made by fsutil.CreateMarker: a link at its name is refused, never
+// followed.
 func (m Manager) MarkBootDone() error {
 	if err := os.MkdirAll(m.runDir(), 0o755); err != nil {
 		return fmt.Errorf("mark boot done: %w", err)
 	}
-	if err := os.WriteFile(m.bootDoneFile(), nil, 0o644); err != nil {
-		return fmt.Errorf("mark boot done: %w", err)
+	if err := fsutil.CreateMarker(m.bootDoneFile()); err != nil {
+		return fmt.Errorf("mark boot done: %w; remove what is there, and run `sparsevol units boot-done`", err)
 	}
 	return nil
 }

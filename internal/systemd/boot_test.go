@@ -223,6 +223,40 @@ func TestGenerateUnreadableDropIn(t *testing.T) {
 	}
 }
 
+// TestMarkBootDoneNoFollow: a link at the boot-done marker's name is
+// refused, never followed: the file it names keeps its content, a
+// missing one is not made, and the boot is not taken for done.
+func TestMarkBootDoneNoFollow(t *testing.T) {
+	victim := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(victim, []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	absent := filepath.Join(t.TempDir(), "absent")
+	for _, target := range []string{victim, absent} {
+		t.Run(filepath.Base(target), func(t *testing.T) {
+			m := newTestManager(t, "/srv/store")
+			if err := os.MkdirAll(m.RunDir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(target, m.bootDoneFile()); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.MarkBootDone(); err == nil {
+				t.Error("MarkBootDone through a link succeeded")
+			}
+			if m.BootDone() {
+				t.Error("BootDone with a link for a marker")
+			}
+			if got, err := os.ReadFile(victim); err != nil || string(got) != "kept" {
+				t.Errorf("victim now %q, %v", got, err)
+			}
+			if _, err := os.Lstat(absent); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the link's target was made (%v)", err)
+			}
+		})
+	}
+}
+
 func TestGenerate(t *testing.T) {
 	const a, b = "0aaaaaaa-0000-4000-8000-000000000001", "0bbbbbbb-0000-4000-8000-000000000002"
 	read := func(t *testing.T, path string) string {

@@ -839,23 +839,25 @@ func (s *Store) unpublish(v *Volume, ours []*loop.Device) {
 }
 
 // markAttached leaves the file of Options.AttachedDir that says the volume
-// came up completely. Plain open and close: at boot this runs for every
-// volume, and os.File would register each with the poller.
+// came up completely (fsutil.CreateMarker: never through a link, which
+// would make the boot-mode assertion of the unit follow it too). Plain
+// open and close: at boot this runs for every volume, and os.File would
+// register each with the poller.
 func (s *Store) markAttached(uuid string) error {
 	if s.opts.AttachedDir == "" {
 		return nil
 	}
 	path := filepath.Join(s.opts.AttachedDir, uuid)
-	fd, err := unix.Open(path, unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+	err := fsutil.CreateMarker(path)
 	if errors.Is(err, unix.ENOENT) {
 		if err = os.MkdirAll(s.opts.AttachedDir, 0o755); err == nil {
-			fd, err = unix.Open(path, unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+			err = fsutil.CreateMarker(path)
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("mark attached %s: %w", path, err)
+		return fmt.Errorf("mark attached: %w; remove what is there, and attach again", err)
 	}
-	return unix.Close(fd)
+	return nil
 }
 
 // waitForLink polls until link resolves to dev or one of its partitions,

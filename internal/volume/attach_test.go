@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/sparsevol/sparsevol/internal/loop"
@@ -120,5 +121,38 @@ func TestCreateRawRecordsIdentity(t *testing.T) {
 	}
 	if err := s.Detach(v.UUID, DetachOptions{}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestMarkAttachedNoFollow: a link where attach leaves a volume's attached
+// marker is refused, never followed: attach reports it, and the file the
+// link names is neither made nor changed.
+func TestMarkAttachedNoFollow(t *testing.T) {
+	ctx := context.Background()
+	victim := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(victim, []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	absent := filepath.Join(t.TempDir(), "absent")
+	for _, target := range []string{victim, absent} {
+		t.Run(filepath.Base(target), func(t *testing.T) {
+			dir := t.TempDir()
+			s := newStore(t, Options{AttachedDir: dir})
+			v := rawVolume(t, s, "v")
+			t.Cleanup(func() { s.DetachAll(DetachOptions{}) })
+			if err := os.Symlink(target, filepath.Join(dir, v.UUID)); err != nil {
+				t.Fatal(err)
+			}
+			marker := filepath.Join(dir, v.UUID)
+			if _, _, err := s.AttachDevice(ctx, v.UUID); err == nil || !strings.Contains(err.Error(), marker) {
+				t.Errorf("attach = %v, want a refusal naming %s", err, marker)
+			}
+			if got, err := os.ReadFile(victim); err != nil || string(got) != "kept" {
+				t.Errorf("victim now %q, %v", got, err)
+			}
+			if _, err := os.Lstat(absent); !os.IsNotExist(err) {
+				t.Errorf("the link's target was made (%v)", err)
+			}
+		})
 	}
 }
