@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sparsevol/sparsevol/internal/fsutil"
 	"github.com/sparsevol/sparsevol/internal/loop"
 )
 
@@ -70,24 +71,12 @@ func (s *Store) writeIdentity(v *Volume, dev *loop.Device) {
 	}
 }
 
-// writeNew writes data to path under a temporary name and renames it into
-// place, so that udev reads all of it or nothing. Nothing is flushed: the
-// directory is on /run.
+// writeNew writes data to path through a new temporary file renamed into
+// place (fsutil.ReplaceFile), so that udev reads all of it or nothing and
+// no name already in the directory (a link to another file) is written
+// through. Nothing is flushed: the directory is on /run.
 func writeNew(path string, data []byte) error {
-	tmp := path + ".tmp"
-	fd, err := unix.Open(tmp, unix.O_CREAT|unix.O_TRUNC|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
-	if err != nil {
-		return fmt.Errorf("write %s: %w", tmp, err)
-	}
-	_, err = unix.Write(fd, data)
-	if cerr := unix.Close(fd); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = unix.Rename(tmp, path)
-	}
-	if err != nil {
-		unix.Unlink(tmp)
+	if err := fsutil.ReplaceFile(path, data, 0o644, fsutil.FlushNone); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/sparsevol/sparsevol/internal/fsutil"
 	"github.com/sparsevol/sparsevol/internal/loop"
 	"github.com/sparsevol/sparsevol/internal/testutil"
 )
@@ -91,5 +92,53 @@ func TestUdevIdentity(t *testing.T) {
 		if err := s.Delete(ctx, name, DetachOptions{}); err != nil {
 			t.Error(err)
 		}
+	}
+}
+
+// TestUdevIdentityNoWriteThrough: the identity file is written through a
+// new temporary file: a name already in the directory, the temporary name
+// of an earlier scheme or the final one, linked to another file (hard or
+// symbolic), is never written through, and the identity is still left.
+func TestUdevIdentityNoWriteThrough(t *testing.T) {
+	const seq = 1 << 62
+	tests := []struct {
+		name  string
+		plant func(dir, victim string) error
+	}{
+		{"hard link at <seq>.tmp", func(dir, victim string) error {
+			return os.Link(victim, filepath.Join(dir, strconv.Itoa(seq)+".tmp"))
+		}},
+		{"symbolic link at <seq>.tmp", func(dir, victim string) error {
+			return os.Symlink(victim, filepath.Join(dir, strconv.Itoa(seq)+".tmp"))
+		}},
+		{"hard link at <seq>", func(dir, victim string) error {
+			return os.Link(victim, filepath.Join(dir, strconv.Itoa(seq)))
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			top := t.TempDir()
+			dir := filepath.Join(top, "udev")
+			victim := filepath.Join(top, "victim")
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(victim, []byte("kept"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := tt.plant(dir, victim); err != nil {
+				t.Fatal(err)
+			}
+			s := newStore(t, Options{UdevIdentityDir: dir})
+			v := mustCreate(t, s, CreateRequest{Name: "ext4", SizeBytes: 16 << 20})
+			s.writeIdentity(v, &loop.Device{Path: "/dev/loop-test", DiskSeq: seq})
+			if got, err := os.ReadFile(victim); err != nil || string(got) != "kept" {
+				t.Errorf("victim now %q, %v", got, err)
+			}
+			want := string(identityFile(v))
+			if got, err := fsutil.ReadRegular(filepath.Join(dir, strconv.Itoa(seq)), 1<<10); err != nil || string(got) != want {
+				t.Errorf("identity %q, %v; want %q", got, err, want)
+			}
+		})
 	}
 }
