@@ -143,6 +143,7 @@ func TestBadInputExitsTwoAndChangesNothing(t *testing.T) {
 	root := newRoot(t)
 	uuid := strings.TrimSpace(mustRun(t, root, "create", "existing", "--size", "8M"))
 	mustRun(t, root, "create", "small", "--size", "32M", "--no-start")
+	snapUUID := strings.TrimSpace(mustRun(t, root, "snapshot", "create", "small", "snap"))
 	oldDir := t.TempDir()
 	junk := filepath.Join(oldDir, "junk")
 	os.WriteFile(junk, bytes.Repeat([]byte("x"), 2<<20), 0o600)
@@ -170,6 +171,8 @@ func TestBadInputExitsTwoAndChangesNothing(t *testing.T) {
 		{"existing name", "", []string{"create", "existing", "--size", "8M"}, nil},
 		{"existing uuid", "", []string{"create", "other", "--size", "8M", "--uuid", uuid}, nil},
 		{"malformed uuid", "", []string{"create", "other", "--size", "8M", "--uuid", "not-a-uuid"}, nil},
+		{"a snapshot's uuid", "", []string{"create", "other", "--size", "8M", "--uuid", snapUUID}, nil},
+		{"a snapshot's uuid in upper case", "", []string{"create", "other", "--size", "8M", "--uuid", strings.ToUpper(snapUUID)}, nil},
 		{"size zero", "", []string{"create", "other", "--size", "0"}, nil},
 		{"size negative", "", []string{"create", "other", "--size", "-1G"}, nil},
 		{"size not numeric", "", []string{"create", "other", "--size", "big"}, nil},
@@ -258,6 +261,7 @@ func TestBadInputExitsTwoAndChangesNothing(t *testing.T) {
 			}
 		})
 	}
+	mustRun(t, root, "snapshot", "delete", "snap")
 	mustRun(t, root, "delete", "existing", "small")
 }
 

@@ -225,13 +225,16 @@ func (s *Store) reserve(req CreateRequest) (*Volume, error) {
 			return nil, fmt.Errorf("uuid %s is taken by volume %q: %w", req.UUID, v.Name, ErrExists)
 		}
 	}
+	// A UUID the caller chose may be anything's: it meets the rule of
+	// every UUID the store did not make (uuidFree).
+	free := s.uuidFree
 	if req.UUID == "" {
-		req.UUID = NewUUID()
+		req.UUID, free = NewUUID(), LinkedElsewhere
 	}
 	if _, err := os.Lstat(s.backingPath(req.UUID)); err == nil {
 		return nil, fmt.Errorf("file %s exists but is no volume of this store: %w", s.backingPath(req.UUID), ErrExists)
 	}
-	if err := LinkedElsewhere(req.UUID); err != nil {
+	if err := free(req.UUID); err != nil {
 		return nil, err
 	}
 	if err := s.checkSpaceOf(vols, req.SizeBytes, req.Preallocate); err != nil {

@@ -235,8 +235,8 @@ var diskDir = "/dev/disk"
 
 // uuidFree refuses, with ErrExists, a UUID that a volume or snapshot of
 // the store, another store's link or a filesystem or partition of this
-// node has. Import --keep-uuid and adopt both keep a UUID they did not
-// choose, and this is their one rule.
+// node has. Import --keep-uuid and adopt keep a UUID they did not
+// choose, and create is given one (--uuid): this is their one rule.
 func (s *Store) uuidFree(uuid string) error {
 	if v, err := s.Get(uuid); err == nil {
 		return fmt.Errorf("uuid %s is taken by volume %s: %w", uuid, v.Name, ErrExists)
