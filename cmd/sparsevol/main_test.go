@@ -191,6 +191,7 @@ func TestBadInputExitsTwoAndChangesNothing(t *testing.T) {
 		{"attach some missing", "", []string{"attach", "small", "nope"}, nil},
 		{"detach missing volume", "", []string{"detach", "nope"}, nil},
 		{"delete missing volume", "", []string{"delete", "small", "nope"}, nil},
+		{"delete missing volume with control characters", "", []string{"delete", "small", "no\x1b[2K\nsparsevol: pe"}, nil},
 		{"expand missing volume", "", []string{"expand", "nope", "--size", "1G"}, nil},
 		{"status missing volume", "", []string{"status", "nope"}, nil},
 		{"pv missing volume", "", []string{"pv", "nope"}, nil},

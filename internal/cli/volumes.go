@@ -351,7 +351,7 @@ func resolveAll(s *volume.Store, refs []string) error {
 	for _, ref := range refs {
 		if _, err := s.Get(ref); err != nil {
 			if errors.Is(err, volume.ErrNotFound) {
-				missing = append(missing, ref)
+				missing = append(missing, volume.Quote(ref))
 				continue
 			}
 			return err
