@@ -345,17 +345,25 @@ func eachVolume(s *volume.Store, refs []string, fn func(ref string) error) error
 }
 
 // resolveAll checks every reference before any is acted on, so a typo in
-// the third name does not leave the first two changed.
+// the third name does not leave the first two changed, and refuses two
+// references to one volume (a name and its UUID, or one name twice),
+// which would act on it twice: a delete, then a refusal of the second.
 func resolveAll(s *volume.Store, refs []string) error {
 	var missing []string
+	seen := make(map[string]string, len(refs))
 	for _, ref := range refs {
-		if _, err := s.Get(ref); err != nil {
-			if errors.Is(err, volume.ErrNotFound) {
-				missing = append(missing, volume.Quote(ref))
-				continue
-			}
+		v, err := s.Get(ref)
+		switch {
+		case errors.Is(err, volume.ErrNotFound):
+			missing = append(missing, volume.Quote(ref))
+			continue
+		case err != nil:
 			return err
 		}
+		if first, ok := seen[v.UUID]; ok {
+			return usagef("%s and %s both name volume %s: name each volume once", volume.Quote(first), volume.Quote(ref), v.UUID)
+		}
+		seen[v.UUID] = ref
 	}
 	if len(missing) > 0 {
 		return fmt.Errorf("no such volume: %s: %w", strings.Join(missing, ", "), volume.ErrNotFound)
