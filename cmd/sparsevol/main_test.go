@@ -194,6 +194,8 @@ func TestBadInputExitsTwoAndChangesNothing(t *testing.T) {
 		{"delete one volume twice", "", []string{"delete", "small", "small"}, nil},
 		{"delete one volume by name and uuid", "", []string{"delete", "existing", uuid}, nil},
 		{"detach one volume twice", "", []string{"detach", "existing", "existing"}, nil},
+		{"delete snapshots some missing", "", []string{"snapshot", "delete", "snap", "nope"}, nil},
+		{"delete one snapshot twice", "", []string{"snapshot", "delete", "snap", snapUUID}, nil},
 		{"delete missing volume with control characters", "", []string{"delete", "small", "no\x1b[2K\nsparsevol: pe"}, nil},
 		{"expand missing volume", "", []string{"expand", "nope", "--size", "1G"}, nil},
 		{"status missing volume", "", []string{"status", "nope"}, nil},

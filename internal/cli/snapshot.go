@@ -124,12 +124,23 @@ func newSnapshotDeleteCommand(g *globals) *cobra.Command {
 		Use:   "delete SNAPSHOT...",
 		Short: "Delete snapshots",
 		Long: `Delete each snapshot (a name or UUID): its file, then its metadata. Volumes
-made from it are copies and stay.`,
+made from it are copies and stay. Every snapshot is looked up first: if one
+does not exist or is named twice, none is deleted.`,
 		Example: `  sparsevol snapshot delete data-monday
   sparsevol snapshot delete 0b9d5a10-8c5e-4a57-b1a3-7f3e9c2d4e61 data-tuesday`,
 		Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			s, err := g.store()
+			if err != nil {
+				return err
+			}
+			err = resolveRefs("snapshot", args, func(ref string) (string, error) {
+				sn, err := s.GetSnapshot(cmd.Context(), ref)
+				if err != nil {
+					return "", err
+				}
+				return sn.UUID, nil
+			})
 			if err != nil {
 				return err
 			}

@@ -344,15 +344,28 @@ func eachVolume(s *volume.Store, refs []string, fn func(ref string) error) error
 	return errors.Join(errs...)
 }
 
-// resolveAll checks every reference before any is acted on, so a typo in
-// the third name does not leave the first two changed, and refuses two
-// references to one volume (a name and its UUID, or one name twice),
-// which would act on it twice: a delete, then a refusal of the second.
+// resolveAll is resolveRefs for volumes.
 func resolveAll(s *volume.Store, refs []string) error {
+	return resolveRefs("volume", refs, func(ref string) (string, error) {
+		v, err := s.Get(ref)
+		if err != nil {
+			return "", err
+		}
+		return v.UUID, nil
+	})
+}
+
+// resolveRefs checks every reference to a kind of object (what: volume,
+// snapshot) with get, which returns the UUID a reference names, before
+// any is acted on, so a typo in the third name does not leave the first
+// two changed, and refuses two references to one object (a name and its
+// UUID, or one name twice), which would act on it twice: a delete, then a
+// refusal of the second.
+func resolveRefs(what string, refs []string, get func(ref string) (string, error)) error {
 	var missing []string
 	seen := make(map[string]string, len(refs))
 	for _, ref := range refs {
-		v, err := s.Get(ref)
+		uuid, err := get(ref)
 		switch {
 		case errors.Is(err, volume.ErrNotFound):
 			missing = append(missing, volume.Quote(ref))
@@ -360,13 +373,13 @@ func resolveAll(s *volume.Store, refs []string) error {
 		case err != nil:
 			return err
 		}
-		if first, ok := seen[v.UUID]; ok {
-			return usagef("%s and %s both name volume %s: name each volume once", volume.Quote(first), volume.Quote(ref), v.UUID)
+		if first, ok := seen[uuid]; ok {
+			return usagef("%s and %s both name %s %s: name each %s once", volume.Quote(first), volume.Quote(ref), what, uuid, what)
 		}
-		seen[v.UUID] = ref
+		seen[uuid] = ref
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("no such volume: %s: %w", strings.Join(missing, ", "), volume.ErrNotFound)
+		return fmt.Errorf("no such %s: %s: %w", what, strings.Join(missing, ", "), volume.ErrNotFound)
 	}
 	return nil
 }
