@@ -246,6 +246,7 @@ func TestBadInputExitsTwoAndChangesNothing(t *testing.T) {
 		{"pods cgroup escapes", "", []string{"--pods-cgroup", "../x", "list"}, nil},
 		{"pods cgroup absolute", "", []string{"list"}, []string{"SPARSEVOL_PODS_CGROUP=/kubepods"}},
 		{"cgroup mount relative", "", []string{"--cgroup-mount", "sys/fs/cgroup", "list"}, nil},
+		{"empty unit dir", "", []string{"--unit-dir", "", "list"}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -205,9 +205,14 @@ func newCommand(stdout, stderr io.Writer) (*cobra.Command, *globals) {
 		}
 	}
 	// A bad environment counts only where the flag does not override it.
+	// An empty --unit-dir (an unset variable in a staging script) would
+	// be the host's unit directory: refused, not read as the default.
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		if envErr != nil && !cmd.Flags().Changed(overcommitFlag) {
 			return envErr
+		}
+		if cmd.Flags().Changed(unitDirFlag) && g.unitDir == "" {
+			return usagef("--%s is empty: give the unit directory, or leave the flag out for %s", unitDirFlag, systemd.DefaultUnitDir)
 		}
 		return nil
 	}
@@ -215,7 +220,7 @@ func newCommand(stdout, stderr io.Writer) (*cobra.Command, *globals) {
 	pf.StringVar(&g.root, "root", defRoot, "store directory (env "+volume.RootEnv+")")
 	pf.Var((*ratioValue)(&g.overcommit), overcommitFlag,
 		"how much the volumes' logical sizes may exceed what the store's filesystem can give them; 1 = never (env "+OvercommitEnv+")")
-	pf.StringVar(&g.unitDir, "unit-dir", systemd.DefaultUnitDir, "systemd unit directory")
+	pf.StringVar(&g.unitDir, unitDirFlag, systemd.DefaultUnitDir, "systemd unit directory")
 	pf.StringVar(&g.runDir, "run-dir", "", "where attach marks what it brought up since boot (default "+systemd.DefaultRunDir+" where systemd runs)")
 	_ = pf.MarkHidden("run-dir") // for tests; must match what the units assert
 	pf.DurationVar(&g.udevWait, "udev-timeout", 30*time.Second, "how long attach waits for udev's /dev/disk link")
@@ -231,7 +236,10 @@ func newCommand(stdout, stderr io.Writer) (*cobra.Command, *globals) {
 // --overcommit-ratio.
 const OvercommitEnv = "SPARSEVOL_OVERCOMMIT_RATIO"
 
-const overcommitFlag = "overcommit-ratio"
+const (
+	overcommitFlag = "overcommit-ratio"
+	unitDirFlag    = "unit-dir"
+)
 
 // ratioValue is the --overcommit-ratio flag; volume parses and checks it.
 type ratioValue float64
