@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,10 +31,13 @@ type result struct {
 	stdout, stderr string
 }
 
-// plugin runs the plugin against store root until it exits.
+// plugin runs the plugin against store root until it exits, or kills it
+// after a while: a plugin that serves where it should refuse exits -1.
 func plugin(t *testing.T, root string, args ...string) result {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], append([]string{"--root", root}, args...)...)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, os.Args[0], append([]string{"--root", root}, args...)...)
 	cmd.Env = append(os.Environ(), asCLI+"=1")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -47,26 +51,34 @@ func plugin(t *testing.T, root string, args ...string) result {
 	return r
 }
 
-// TestUsage: the plugin's own usage errors exit 2 and say what is wrong;
-// --version names the build like sparsevol's.
+// TestUsage: the plugin's own usage errors exit 2, say what is wrong and
+// make nothing (neither the store nor a socket); --version names the
+// build like sparsevol's.
 func TestUsage(t *testing.T) {
-	root := t.TempDir()
+	dir := t.TempDir()
+	root := filepath.Join(dir, "store")
+	endpoint := "unix://" + filepath.Join(dir, "plugin", "csi.sock")
 	tests := []struct {
 		name string
 		args []string
 		want string
 	}{
-		{"no node id", []string{"--endpoint", "unix://" + filepath.Join(root, "csi.sock")}, "--node-id is required"},
+		{"no node id", []string{"--endpoint", endpoint}, "--node-id is required"},
 		{"tcp endpoint", []string{"--node-id", "n", "--endpoint", "tcp://127.0.0.1:1"}, "unix"},
 		{"bad log level", []string{"--node-id", "n", "--log-level", "loud"}, "want debug, info, warn or error"},
 		{"argument", []string{"--node-id", "n", "csi"}, "takes 0 argument(s)"},
 		{"unknown flag", []string{"--node-id", "n", "--nope"}, "unknown flag"},
+		{"node id with a newline", []string{"--node-id", "node\nx", "--endpoint", endpoint, "--kubelet-dir", dir}, "node id"},
+		{"node id too long for a label", []string{"--node-id", strings.Repeat("a", 64), "--endpoint", endpoint, "--kubelet-dir", dir}, "node id"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := plugin(t, root, tt.args...)
 			if r.code != 2 || !strings.Contains(r.stderr, tt.want) || !strings.HasPrefix(r.stderr, "sparsevol-csi: ") {
 				t.Errorf("exit %d, stderr %q; want exit 2, %q", r.code, r.stderr, tt.want)
+			}
+			if made, _ := os.ReadDir(dir); len(made) > 0 {
+				t.Errorf("a refused start made %s in %s", made[0].Name(), dir)
 			}
 		})
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
@@ -43,6 +44,21 @@ func checkDriverName(name string) error {
 		return fmt.Errorf("driver name %s: want at most %d characters, ASCII letters and digits with '-' and '.' between, "+
 			"beginning and ending with a letter or digit (the CSI spec's plugin name), e.g. %s: %w",
 			volume.Quote(name), maxDriverName, DefaultDriverName, volume.ErrInvalid)
+	}
+	return nil
+}
+
+// checkNodeID is the rule for the node id: the node's name as Kubernetes
+// knows it (a DNS-1123 subdomain), which is also the value of the topology
+// segment kubelet labels the node with (TopologyKey), so a label value:
+// at most 63 characters. A violation wraps volume.ErrInvalid.
+func checkNodeID(id string) error {
+	if id == "" {
+		return fmt.Errorf("node id is empty; give the node's name (the downward API's spec.nodeName): %w", volume.ErrInvalid)
+	}
+	if msgs := append(validation.IsDNS1123Subdomain(id), validation.IsValidLabelValue(id)...); len(msgs) > 0 {
+		return fmt.Errorf("node id %s is not a Kubernetes node name that can be a label value (%s); give the node's name (the downward API's spec.nodeName): %w",
+			volume.Quote(id), strings.Join(msgs, "; "), volume.ErrInvalid)
 	}
 	return nil
 }
@@ -76,7 +92,8 @@ type Config struct {
 	DriverName string
 	// Version is reported by GetPluginInfo.
 	Version string
-	// NodeID names this node (NodeGetInfo and the topology segment).
+	// NodeID names this node (NodeGetInfo and the topology segment),
+	// checked by checkNodeID.
 	NodeID string
 	// MaxVolumes is reported as max_volumes_per_node; 0 means no limit.
 	MaxVolumes int64
@@ -136,13 +153,14 @@ func New(cfg Config) (*Driver, error) {
 	}, nil
 }
 
-// normalize fills cfg's defaults and checks what needs no store: node id,
-// max volumes, driver name (checkDriverName) and kubelet directory. New
-// calls it; Run calls it first, so that a bad configuration is refused
-// before anything is made. Errors wrap volume.ErrInvalid.
+// normalize fills cfg's defaults and checks what needs no store: node id
+// (checkNodeID), max volumes, driver name (checkDriverName) and kubelet
+// directory. New calls it; Run calls it first, so that a bad
+// configuration is refused before anything is made. Errors wrap
+// volume.ErrInvalid.
 func (cfg *Config) normalize() error {
-	if cfg.NodeID == "" {
-		return fmt.Errorf("csi driver: node id is empty: %w", volume.ErrInvalid)
+	if err := checkNodeID(cfg.NodeID); err != nil {
+		return fmt.Errorf("csi driver: %w", err)
 	}
 	if cfg.MaxVolumes < 0 {
 		return fmt.Errorf("csi driver: max volumes %d is negative: %w", cfg.MaxVolumes, volume.ErrInvalid)

@@ -468,3 +468,51 @@ func TestNewChecksDriverName(t *testing.T) {
 		}
 	}
 }
+
+// TestNewChecksNodeID holds the node id to Kubernetes' rules for a node
+// name that is also the topology label's value: a refused id is
+// ErrInvalid naming the node id, an accepted one is what NodeGetInfo
+// returns.
+func TestNewChecksNodeID(t *testing.T) {
+	store, err := volume.Open(t.TempDir(), volume.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		id string
+		ok bool
+	}{
+		{"n", true},
+		{"node-1", true},
+		{"ip-10-0-0-1.ec2.internal", true},
+		{strings.Repeat("a", 63), true},
+		{"", false},
+		{strings.Repeat("a", 64), false},
+		{"node\nx", false},
+		{"node x", false},
+		{"Node-1", false},
+		{"node_1", false},
+		{"../node", false},
+		{"a/b", false},
+		{"-node", false},
+		{"node.", false},
+		{"caf\u00e9", false},
+	}
+	for _, tc := range tests {
+		d, err := New(Config{NodeID: tc.id, Store: store})
+		if !tc.ok {
+			if !errors.Is(err, volume.ErrInvalid) || !strings.Contains(err.Error(), "node id") {
+				t.Errorf("New with node id %q: %v, want ErrInvalid naming the node id", tc.id, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("New with node id %q: %v", tc.id, err)
+			continue
+		}
+		info, err := d.NodeGetInfo(context.Background(), &csi.NodeGetInfoRequest{})
+		if err != nil || info.GetNodeId() != tc.id || info.GetAccessibleTopology().GetSegments()[TopologyKey] != tc.id {
+			t.Errorf("node id %q: NodeGetInfo = %v, %v", tc.id, info, err)
+		}
+	}
+}
