@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,30 +53,39 @@ func plugin(t *testing.T, root string, args ...string) result {
 }
 
 // TestUsage: the plugin's own usage errors exit 2, say what is wrong and
-// make nothing (neither the store nor a socket); --version names the
-// build like sparsevol's.
+// make nothing (neither the store nor a socket), and so does a start that
+// cannot serve (exit 1); --version names the build like sparsevol's.
 func TestUsage(t *testing.T) {
 	dir := t.TempDir()
 	root := filepath.Join(dir, "store")
 	endpoint := "unix://" + filepath.Join(dir, "plugin", "csi.sock")
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { busy.Close() })
 	tests := []struct {
 		name string
 		args []string
+		code int
 		want string
 	}{
-		{"no node id", []string{"--endpoint", endpoint}, "--node-id is required"},
-		{"tcp endpoint", []string{"--node-id", "n", "--endpoint", "tcp://127.0.0.1:1"}, "unix"},
-		{"bad log level", []string{"--node-id", "n", "--log-level", "loud"}, "want debug, info, warn or error"},
-		{"argument", []string{"--node-id", "n", "csi"}, "takes 0 argument(s)"},
-		{"unknown flag", []string{"--node-id", "n", "--nope"}, "unknown flag"},
-		{"node id with a newline", []string{"--node-id", "node\nx", "--endpoint", endpoint, "--kubelet-dir", dir}, "node id"},
-		{"node id too long for a label", []string{"--node-id", strings.Repeat("a", 64), "--endpoint", endpoint, "--kubelet-dir", dir}, "node id"},
+		{"no node id", []string{"--endpoint", endpoint}, 2, "--node-id is required"},
+		{"tcp endpoint", []string{"--node-id", "n", "--endpoint", "tcp://127.0.0.1:1"}, 2, "unix"},
+		{"bad log level", []string{"--node-id", "n", "--log-level", "loud"}, 2, "want debug, info, warn or error"},
+		{"argument", []string{"--node-id", "n", "csi"}, 2, "takes 0 argument(s)"},
+		{"unknown flag", []string{"--node-id", "n", "--nope"}, 2, "unknown flag"},
+		{"node id with a newline", []string{"--node-id", "node\nx", "--endpoint", endpoint, "--kubelet-dir", dir}, 2, "node id"},
+		{"node id too long for a label", []string{"--node-id", strings.Repeat("a", 64), "--endpoint", endpoint, "--kubelet-dir", dir}, 2, "node id"},
+		{"metrics address without a port", []string{"--node-id", "n", "--endpoint", endpoint, "--kubelet-dir", dir, "--metrics-address", "9809"}, 2, "metrics address"},
+		{"metrics port not a number", []string{"--node-id", "n", "--endpoint", endpoint, "--kubelet-dir", dir, "--metrics-address", ":metrics"}, 2, "metrics address"},
+		{"metrics address in use", []string{"--node-id", "n", "--endpoint", endpoint, "--kubelet-dir", dir, "--metrics-address", busy.Addr().String()}, 1, "choose a free address"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := plugin(t, root, tt.args...)
-			if r.code != 2 || !strings.Contains(r.stderr, tt.want) || !strings.HasPrefix(r.stderr, "sparsevol-csi: ") {
-				t.Errorf("exit %d, stderr %q; want exit 2, %q", r.code, r.stderr, tt.want)
+			if r.code != tt.code || !strings.Contains(r.stderr, tt.want) || !strings.HasPrefix(r.stderr, "sparsevol-csi: ") {
+				t.Errorf("exit %d, stderr %q; want exit %d, %q", r.code, r.stderr, tt.code, tt.want)
 			}
 			if made, _ := os.ReadDir(dir); len(made) > 0 {
 				t.Errorf("a refused start made %s in %s", made[0].Name(), dir)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 
 	"github.com/sparsevol/sparsevol/internal/kubelet"
@@ -30,7 +31,8 @@ type PluginConfig struct {
 	Registration    string
 	KubeletEndpoint string
 	// MetricsAddress, if set, serves Prometheus metrics (/metrics) and the
-	// plugin's health (/healthz, a Probe through Socket) on it.
+	// plugin's health (/healthz, a Probe through Socket) on it
+	// (ListenMetrics' form).
 	MetricsAddress string
 	Logger         *slog.Logger
 }
@@ -40,7 +42,8 @@ type PluginConfig struct {
 // servers fails; the others are then stopped, and Run returns the first
 // failure. Configuration errors wrap volume.ErrInvalid, and nothing is
 // served then; so is a socket path another plugin listens on
-// (unixsock.ErrInUse), refused before the store is opened.
+// (unixsock.ErrInUse) or a metrics address that cannot be opened, refused
+// before the store is made.
 func Run(ctx context.Context, cfg PluginConfig) error {
 	log := cfg.Logger
 	if log == nil {
@@ -81,12 +84,26 @@ func Run(ctx context.Context, cfg PluginConfig) error {
 			return err
 		}
 	}
-	// The plugin owns its store: make it if the host path is missing.
-	// Open makes a lax one private (hostPath DirectoryOrCreate makes 0755
-	// directories).
 	if _, err := volume.CheckRoot(cfg.StoreRoot); err != nil {
 		return err
 	}
+	// The metrics address is opened before the store is made: a bad or
+	// busy one is refused with nothing made.
+	var ml net.Listener
+	if cfg.MetricsAddress != "" {
+		var err error
+		if ml, err = ListenMetrics(cfg.MetricsAddress); err != nil {
+			return err
+		}
+		defer func() {
+			if ml != nil {
+				ml.Close()
+			}
+		}()
+	}
+	// The plugin owns its store: make it if the host path is missing.
+	// Open makes a lax one private (hostPath DirectoryOrCreate makes 0755
+	// directories).
 	if err := os.MkdirAll(cfg.StoreRoot, 0o700); err != nil {
 		return fmt.Errorf("create store %s: %w", cfg.StoreRoot, err)
 	}
@@ -123,11 +140,12 @@ func Run(ctx context.Context, cfg PluginConfig) error {
 		}
 		servers = append(servers, func() error { return reg.Serve(ctx, rl) })
 	}
-	if cfg.MetricsAddress != "" {
+	if ml != nil {
 		// /healthz asks the plugin through its own socket, as the
-		// livenessprobe sidecar would.
-		health := SocketProbe(cfg.Socket)
-		servers = append(servers, func() error { return ServeMetrics(ctx, cfg.MetricsAddress, drvCfg.Metrics, health, log) })
+		// livenessprobe sidecar would. ServeMetrics closes its listener.
+		health, l := SocketProbe(cfg.Socket), ml
+		ml = nil
+		servers = append(servers, func() error { return ServeMetrics(ctx, l, drvCfg.Metrics, health, log) })
 	}
 	errc := make(chan error, len(servers))
 	for _, serve := range servers {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -85,13 +86,27 @@ func (d *Driver) Serve(ctx context.Context, l net.Listener) error {
 	return nil
 }
 
-// ServeMetrics serves /metrics, and /healthz (health, if not nil) on addr
-// until ctx ends.
-func ServeMetrics(ctx context.Context, addr string, m *Metrics, health HealthCheck, log *slog.Logger) error {
+// ListenMetrics opens the metrics address addr, host:port with a numeric
+// port (the host may be empty: every address). An address of another form
+// is refused with volume.ErrInvalid before anything is opened.
+func ListenMetrics(addr string) (net.Listener, error) {
+	_, port, err := net.SplitHostPort(addr)
+	if err == nil {
+		_, err = strconv.ParseUint(port, 10, 16)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("metrics address %s: want host:port with a numeric port, e.g. :9809: %w", volume.Quote(addr), volume.ErrInvalid)
+	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("metrics: listen %s: %w", addr, err)
+		return nil, fmt.Errorf("metrics: listen %s (choose a free address): %w", volume.Quote(addr), err)
 	}
+	return l, nil
+}
+
+// ServeMetrics serves /metrics, and /healthz (health, if not nil) on l, a
+// listener of ListenMetrics, until ctx ends; it closes l.
+func ServeMetrics(ctx context.Context, l net.Listener, m *Metrics, health HealthCheck, log *slog.Logger) error {
 	return serveHTTP(ctx, l, m, health, log)
 }
 

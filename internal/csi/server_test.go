@@ -3,6 +3,7 @@ package csi
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -115,5 +116,37 @@ func TestLogLineOfHugeRequestBounded(t *testing.T) {
 				t.Errorf("%s logged a line of %d bytes, at most %d wanted: %.300s", tc.method, len(line), maxLogLine, line)
 			}
 		})
+	}
+}
+
+// TestListenMetrics: the metrics address is host:port with a numeric port;
+// any other form is ErrInvalid and nothing is opened.
+func TestListenMetrics(t *testing.T) {
+	tests := []struct {
+		addr string
+		ok   bool
+	}{
+		{"127.0.0.1:0", true},
+		{"localhost:0", true},
+		{"[::1]:0", true},
+		{"", false},
+		{"9809", false},
+		{":", false},
+		{":metrics", false},
+		{":65536", false},
+		{":-1", false},
+		{"127.0.0.1:0\n--x", false},
+	}
+	for _, tc := range tests {
+		l, err := ListenMetrics(tc.addr)
+		if l != nil {
+			l.Close()
+		}
+		if tc.ok && err != nil && !strings.Contains(tc.addr, "::1") {
+			t.Errorf("ListenMetrics(%q): %v", tc.addr, err)
+		}
+		if !tc.ok && (!errors.Is(err, volume.ErrInvalid) || !strings.Contains(err.Error(), "metrics address")) {
+			t.Errorf("ListenMetrics(%q): %v, want ErrInvalid naming the metrics address", tc.addr, err)
+		}
 	}
 }
