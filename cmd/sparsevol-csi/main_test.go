@@ -32,13 +32,15 @@ type result struct {
 	stdout, stderr string
 }
 
-// plugin runs the plugin against store root until it exits, or kills it
-// after a while: a plugin that serves where it should refuse exits -1.
+// plugin runs the plugin against store root, in root's parent directory
+// (where relative paths land), until it exits, or kills it after a while:
+// a plugin that serves where it should refuse exits -1.
 func plugin(t *testing.T, root string, args ...string) result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
 	cmd := exec.CommandContext(ctx, os.Args[0], append([]string{"--root", root}, args...)...)
+	cmd.Dir = filepath.Dir(root)
 	cmd.Env = append(os.Environ(), asCLI+"=1")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -79,6 +81,10 @@ func TestUsage(t *testing.T) {
 		{"node id too long for a label", []string{"--node-id", strings.Repeat("a", 64), "--endpoint", endpoint, "--kubelet-dir", dir}, 2, "node id"},
 		{"metrics address without a port", []string{"--node-id", "n", "--endpoint", endpoint, "--kubelet-dir", dir, "--metrics-address", "9809"}, 2, "metrics address"},
 		{"metrics port not a number", []string{"--node-id", "n", "--endpoint", endpoint, "--kubelet-dir", dir, "--metrics-address", ":metrics"}, 2, "metrics address"},
+		{"relative registration path", []string{"--node-id", "n", "--endpoint", endpoint, "--kubelet-dir", dir, "--kubelet-registration-path", "plugins_registry/"}, 2, "not an absolute, clean path"},
+		{"registration path with ..", []string{"--node-id", "n", "--endpoint", endpoint, "--kubelet-dir", dir, "--kubelet-registration-path", dir + "/x/../reg/"}, 2, "not an absolute, clean path"},
+		{"unclean kubelet CSI endpoint", []string{"--node-id", "n", "--endpoint", endpoint, "--kubelet-dir", dir, "--kubelet-registration-path", dir + "/reg/",
+			"--kubelet-csi-endpoint", "/var/lib/kubelet/plugins/../x/csi.sock"}, 2, "absolute, clean socket path"},
 		{"metrics address in use", []string{"--node-id", "n", "--endpoint", endpoint, "--kubelet-dir", dir, "--metrics-address", busy.Addr().String()}, 1, "choose a free address"},
 	}
 	for _, tt := range tests {
@@ -87,8 +93,10 @@ func TestUsage(t *testing.T) {
 			if r.code != tt.code || !strings.Contains(r.stderr, tt.want) || !strings.HasPrefix(r.stderr, "sparsevol-csi: ") {
 				t.Errorf("exit %d, stderr %q; want exit %d, %q", r.code, r.stderr, tt.code, tt.want)
 			}
-			if made, _ := os.ReadDir(dir); len(made) > 0 {
-				t.Errorf("a refused start made %s in %s", made[0].Name(), dir)
+			made, _ := os.ReadDir(dir)
+			for _, e := range made {
+				t.Errorf("a refused start made %s in %s", e.Name(), dir)
+				os.RemoveAll(filepath.Join(dir, e.Name())) // not blamed on the next case
 			}
 		})
 	}

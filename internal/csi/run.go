@@ -66,7 +66,9 @@ func Run(ctx context.Context, cfg PluginConfig) error {
 		if reg, err = kubelet.New(kubelet.Config{DriverName: drvCfg.DriverName, Endpoint: endpoint, Logger: log}); err != nil {
 			return fmt.Errorf("%w: %w", err, volume.ErrInvalid)
 		}
-		regSocket = kubelet.SocketPath(cfg.Registration, drvCfg.DriverName)
+		if regSocket, err = kubelet.SocketPath(cfg.Registration, drvCfg.DriverName); err != nil {
+			return fmt.Errorf("%w: %w", err, volume.ErrInvalid)
+		}
 		if regSocket == cfg.Socket {
 			// node-driver-registrar's flag of this name is the CSI socket;
 			// here it is kubelet's plugins_registry.

@@ -36,21 +36,34 @@ var SupportedVersions = []string{"1.0.0"}
 // "/") gets "<driver>-reg.sock" in it, the name node-driver-registrar uses;
 // anything else is the socket path itself. driverName is a CSI driver
 // name package csi has checked, so the socket stays in the directory.
-func SocketPath(path, driverName string) string {
-	if strings.HasSuffix(path, "/") {
-		return filepath.Join(path, driverName+"-reg.sock")
+// The value must be absolute and clean (but for the one trailing "/"):
+// a relative one would put the socket wherever the plugin was started.
+func SocketPath(path, driverName string) (string, error) {
+	dir := strings.HasSuffix(path, "/")
+	bare := path
+	if dir && path != "/" {
+		bare = strings.TrimSuffix(path, "/")
 	}
-	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
-		return filepath.Join(path, driverName+"-reg.sock")
+	if !filepath.IsAbs(bare) || filepath.Clean(bare) != bare {
+		return "", fmt.Errorf("kubelet registration path %q is not an absolute, clean path; give kubelet's plugin registry (%s/) or a socket in it",
+			path, DefaultRegistrationDir)
 	}
-	return filepath.Clean(path)
+	if !dir {
+		if fi, err := os.Stat(bare); err == nil && fi.IsDir() {
+			dir = true
+		}
+	}
+	if dir {
+		return filepath.Join(bare, driverName+"-reg.sock"), nil
+	}
+	return bare, nil
 }
 
 // Config of a registration server.
 type Config struct {
 	DriverName string // CSI driver name, checked by package csi
 	// Endpoint is the CSI socket path as kubelet sees it (kubelet connects
-	// to it after GetInfo). Required.
+	// to it after GetInfo). Required: absolute and clean.
 	Endpoint string
 	Versions []string // CSI versions; SupportedVersions when empty
 	Logger   *slog.Logger
@@ -80,8 +93,8 @@ func New(cfg Config) (*Server, error) {
 	if cfg.DriverName == "" {
 		return nil, errors.New("kubelet registration: driver name is required")
 	}
-	if cfg.Endpoint == "" || !filepath.IsAbs(cfg.Endpoint) {
-		return nil, fmt.Errorf("kubelet registration: CSI endpoint %q must be an absolute socket path", cfg.Endpoint)
+	if !filepath.IsAbs(cfg.Endpoint) || filepath.Clean(cfg.Endpoint) != cfg.Endpoint {
+		return nil, fmt.Errorf("kubelet registration: CSI endpoint %q must be an absolute, clean socket path", cfg.Endpoint)
 	}
 	if len(cfg.Versions) == 0 {
 		cfg.Versions = SupportedVersions

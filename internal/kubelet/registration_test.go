@@ -21,7 +21,10 @@ import (
 func serve(t *testing.T, cfg Config) (*Server, string, registerapi.RegistrationClient, context.CancelFunc, <-chan error) {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "plugins_registry")
-	sock := SocketPath(dir+"/", cfg.DriverName)
+	sock, err := SocketPath(dir+"/", cfg.DriverName)
+	if err != nil {
+		t.Fatal(err)
+	}
 	srv, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -124,15 +127,26 @@ func TestNewValidates(t *testing.T) {
 	}
 }
 
+// TestSocketPath: a directory gets the driver's socket name in it, a file
+// path is the socket; a relative or unclean path is refused (want "").
 func TestSocketPath(t *testing.T) {
 	dir := t.TempDir()
 	for _, c := range []struct{ in, want string }{
 		{dir, filepath.Join(dir, "drv-reg.sock")},
+		{dir + "/", filepath.Join(dir, "drv-reg.sock")},
 		{"/var/lib/kubelet/plugins_registry/", "/var/lib/kubelet/plugins_registry/drv-reg.sock"},
 		{"/var/lib/kubelet/plugins_registry/x.sock", "/var/lib/kubelet/plugins_registry/x.sock"},
+		{"plugins_registry/", ""},
+		{"x.sock", ""},
+		{"", ""},
+		{"/var/lib/kubelet/../plugins_registry/", ""},
+		{"/var/lib/kubelet//plugins_registry/x.sock", ""},
+		{"/var/lib/kubelet/plugins_registry//", ""},
+		{"/var/lib/kubelet/./x.sock", ""},
 	} {
-		if got := SocketPath(c.in, "drv"); got != c.want {
-			t.Errorf("SocketPath(%q) = %q, want %q", c.in, got, c.want)
+		got, err := SocketPath(c.in, "drv")
+		if got != c.want || (c.want == "") != (err != nil) {
+			t.Errorf("SocketPath(%q) = %q, %v; want %q", c.in, got, err, c.want)
 		}
 	}
 }
