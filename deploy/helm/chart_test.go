@@ -368,3 +368,47 @@ images:
 		t.Errorf("plugin image %s after the overlay", got)
 	}
 }
+
+// TestHostileValues: a value that flows into a path, a flag or a field the
+// plugin pod runs with is refused at render time (values.schema.json)
+// unless it has its documented form, so that no value can add a flag,
+// an argument or a YAML key of its own.
+func TestHostileValues(t *testing.T) {
+	inject := "\n            - --kubelet-dir=/"
+	tests := []struct {
+		name   string
+		values map[string]any
+	}{
+		{"storeDir with a newline", map[string]any{"storeDir": "/var/lib/sparsevol" + inject}},
+		{"relative storeDir", map[string]any{"storeDir": "var/lib/sparsevol"}},
+		{"storeDir with ..", map[string]any{"storeDir": "/var/lib/../sparsevol"}},
+		{"storeDir with a space", map[string]any{"storeDir": "/var/lib/sparse vol"}},
+		{"kubeletDir with a newline", map[string]any{"kubeletDir": "/var/lib/kubelet" + inject}},
+		{"kubeletDir with a trailing slash", map[string]any{"kubeletDir": "/var/lib/kubelet/"}},
+		{"logLevel with a flag", map[string]any{"logLevel": "info" + inject}},
+		{"logLevel unknown", map[string]any{"logLevel": "loud"}},
+		{"overcommitRatio with a flag", map[string]any{"overcommitRatio": "2" + inject}},
+		{"metrics port with a flag", map[string]any{"metrics": map[string]any{"port": "9809" + inject}}},
+		{"metrics port out of range", map[string]any{"metrics": map[string]any{"port": 70000}}},
+		{"pullPolicy with a key", map[string]any{"image": map[string]any{"pullPolicy": "IfNotPresent\n          privileged: true"}}},
+		{"pullPolicy unknown", map[string]any{"image": map[string]any{"pullPolicy": "Sometimes"}}},
+		{"image tag with a newline", map[string]any{"image": map[string]any{"tag": "v1\nx"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			objs, err := renderChart(t, tt.values)
+			if err == nil {
+				plugin := daemonSet(t, objs).Spec.Template.Spec.Containers[0]
+				t.Errorf("rendered with %q: args %q, pull policy %q", tt.values, plugin.Args, plugin.ImagePullPolicy)
+			}
+		})
+	}
+	for _, ok := range []map[string]any{
+		{"storeDir": "/srv/sparsevol", "kubeletDir": "/data/kubelet", "logLevel": "debug", "overcommitRatio": 1.5},
+		{"overcommitRatio": "2", "metrics": map[string]any{"port": 9900}, "image": map[string]any{"tag": "v1.2.3", "pullPolicy": "Always"}},
+	} {
+		if _, err := renderChart(t, ok); err != nil {
+			t.Errorf("render with %v: %v", ok, err)
+		}
+	}
+}
