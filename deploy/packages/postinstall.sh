@@ -15,8 +15,12 @@ fi
 # Units written by `make install` or `sparsevol units install` override the
 # packaged ones (/etc comes first in systemd's search path) and may run
 # another binary.
+# A link to /dev/null is the administrator's mask (systemctl mask), not
+# units of another binary: it is theirs, and is neither read nor removed.
 override=/etc/systemd/system/sparsevol@.service
-if [ -e "$override" ] && ! grep -q '^ExecStart=/usr/bin/sparsevol ' "$override"; then
+if [ -L "$override" ] && [ "$(readlink "$override")" = /dev/null ]; then
+	echo "sparsevol: $override is masked: no volume is attached at boot until \`systemctl unmask sparsevol@.service\`" >&2
+elif [ -e "$override" ] && ! grep -q '^ExecStart=/usr/bin/sparsevol ' "$override"; then
 	echo "sparsevol: $override overrides the packaged units and runs another binary;" >&2
 	echo "sparsevol: remove it with \`sparsevol units uninstall\` (enabled volumes stay enabled)" >&2
 fi

@@ -22,12 +22,12 @@ func TestScripts(t *testing.T) {
 	if _, err := os.Stat("/etc/systemd"); err != nil {
 		t.Fatal("/etc/systemd missing: install the Debian package systemd (.ci/run does)")
 	}
-	const keptNotice = "kept the store"
+	const keptNotice, masked = "kept the store", "masked"
 	tests := []struct {
 		name, script string
 		args         []string
 		systemd      bool
-		override     string // an /etc/systemd/system/sparsevol@.service, if any
+		override     string // an /etc/systemd/system/sparsevol@.service, if any; masked: a link to /dev/null
 		wantCalls    []string
 		wantOut      []string
 		notOut       []string
@@ -41,6 +41,8 @@ func TestScripts(t *testing.T) {
 			"ExecStart=/usr/local/bin/sparsevol --udev-timeout=80s attach %i\n", []string{"daemon-reload"}, []string{"overrides the packaged units", "units uninstall"}, nil},
 		{"install under its own units", "postinstall.sh", []string{"1"}, true,
 			"ExecStart=/usr/bin/sparsevol --udev-timeout=80s attach %i\n", []string{"daemon-reload"}, nil, []string{"overrides"}},
+		{"install under a masked template", "postinstall.sh", []string{"configure", ""}, true,
+			masked, []string{"daemon-reload"}, []string{"is masked", "systemctl unmask"}, []string{"overrides", "units uninstall"}},
 		{"deb upgrade, old postrm", "postremove.sh", []string{"upgrade", "9.9.9"}, true, "", []string{"daemon-reload"}, nil, []string{keptNotice}},
 		{"deb failed upgrade", "postremove.sh", []string{"failed-upgrade", "9.9.9"}, true, "", []string{"daemon-reload"}, nil, []string{keptNotice}},
 		{"deb remove", "postremove.sh", []string{"remove"}, true, "", []string{"daemon-reload"}, []string{keptNotice, "/var/lib/sparsevol"}, nil},
@@ -63,7 +65,11 @@ func TestScripts(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(bin, "systemctl"), []byte(fake), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			if tt.override != "" {
+			if tt.override == masked {
+				if err := os.Symlink("/dev/null", filepath.Join(etc, "system", "sparsevol@.service")); err != nil {
+					t.Fatal(err)
+				}
+			} else if tt.override != "" {
 				if err := os.WriteFile(filepath.Join(etc, "system", "sparsevol@.service"), []byte(tt.override), 0o644); err != nil {
 					t.Fatal(err)
 				}
