@@ -3,9 +3,12 @@ package systemd
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -455,4 +458,100 @@ func TestInstalled(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestInstallLeavesOthersUnits puts at one of Install's paths something
+// sparsevol did not write there: a mask, a unit of the operator's own, a
+// FIFO, a file where the generator's link goes. Install refuses
+// (ErrExists) and writes nothing; Uninstall of an install removes the
+// rest and leaves that thing as it was, naming it.
+func TestInstallLeavesOthersUnits(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		path  func(m Manager) string
+		plant func(t *testing.T, path string)
+	}{
+		{"masked template", func(m Manager) string { return filepath.Join(m.Dir, TemplateName) }, func(t *testing.T, path string) {
+			if err := os.Symlink("/dev/null", path); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"operator's boot unit", func(m Manager) string { return filepath.Join(m.Dir, BootUnit) }, func(t *testing.T, path string) {
+			if err := os.WriteFile(path, []byte("[Unit]\nDescription=mine\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"FIFO as the boot-done unit", func(m Manager) string { return filepath.Join(m.Dir, BootDoneUnit) }, func(t *testing.T, path string) {
+			if err := unix.Mkfifo(path, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"file as the generator", func(m Manager) string { return filepath.Join(m.generatorDir(), GeneratorName) }, func(t *testing.T, path string) {
+			if err := os.WriteFile(path, []byte("#!/bin/sh\n"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			m := Manager{Dir: filepath.Join(dir, "etc", "systemd", "system")}
+			path := tc.path(m)
+			for _, d := range []string{m.Dir, m.generatorDir()} {
+				if err := os.MkdirAll(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			plant := func() {
+				os.Remove(path)
+				tc.plant(t, path)
+			}
+			plant()
+			before := tree(t, dir)
+			if _, err := m.Install(context.Background(), "/opt/sv/bin/sparsevol", "/srv/store"); !errors.Is(err, volume.ErrExists) {
+				t.Fatalf("Install over %s = %v, want ErrExists", path, err)
+			}
+			if after := tree(t, dir); !slices.Equal(after, before) {
+				t.Fatalf("a refused Install changed the unit directories:\n%v\nwas\n%v", after, before)
+			}
+			os.Remove(path)
+			paths, err := m.Install(context.Background(), "/opt/sv/bin/sparsevol", "/srv/store")
+			if err != nil {
+				t.Fatal(err)
+			}
+			plant()
+			if _, err := m.Uninstall(context.Background()); !errors.Is(err, volume.ErrExists) || !strings.Contains(err.Error(), path) {
+				t.Fatalf("Uninstall with %s planted = %v, want ErrExists naming it", path, err)
+			}
+			for _, p := range paths {
+				_, err := os.Lstat(p)
+				if p == path && err != nil {
+					t.Errorf("Uninstall removed %s, which it did not write: %v", p, err)
+				}
+				if p != path && !os.IsNotExist(err) {
+					t.Errorf("%s left after Uninstall (%v)", p, err)
+				}
+			}
+		})
+	}
+}
+
+// tree lists the files below dir with their kind and size.
+func tree(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		out = append(out, fmt.Sprintf("%s %v %d", p, fi.Mode(), fi.Size()))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }

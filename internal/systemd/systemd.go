@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -157,6 +158,9 @@ func (m Manager) Install(ctx context.Context, binary, root string) ([]string, er
 	if err := os.MkdirAll(m.dir(), 0o755); err != nil {
 		return nil, fmt.Errorf("install units: %w", err)
 	}
+	if err := m.checkOurs(); err != nil {
+		return nil, fmt.Errorf("install units: %w", err)
+	}
 	var paths []string
 	for _, u := range shipped {
 		path := filepath.Join(m.dir(), u.name)
@@ -173,19 +177,94 @@ func (m Manager) Install(ctx context.Context, binary, root string) ([]string, er
 }
 
 // Uninstall removes what Install wrote. Instances still enabled are the
-// caller's to disable first.
+// caller's to disable first. What is not Install's at those paths (see
+// checkOurs) is left as it is and named in the error (ErrExists), once
+// the rest is removed: a mask is the operator's.
 func (m Manager) Uninstall(ctx context.Context) ([]string, error) {
+	var removed []string
+	var errs []error
+	for _, path := range m.installPaths() {
+		err := installedByUs(path)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err == nil {
+			err = os.Remove(path)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("uninstall %s: %w", path, err))
+			continue
+		}
+		removed = append(removed, path)
+	}
+	if err := m.reload(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// installPaths are the paths Install writes: the shipped units, then the
+// generator's link.
+func (m Manager) installPaths() []string {
 	var paths []string
 	for _, u := range shipped {
 		paths = append(paths, filepath.Join(m.dir(), u.name))
 	}
-	paths = append(paths, filepath.Join(m.generatorDir(), GeneratorName))
-	for _, path := range paths {
-		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("uninstall %s: %w", path, err)
+	return append(paths, filepath.Join(m.generatorDir(), GeneratorName))
+}
+
+// checkOurs refuses (ErrExists) to let Install replace anything at its
+// paths that it did not write there (installedByUs): a mask or a unit of
+// the operator's own is theirs to remove.
+func (m Manager) checkOurs() error {
+	var errs []error
+	for _, path := range m.installPaths() {
+		if err := installedByUs(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
 		}
 	}
-	return paths, m.reload(ctx)
+	return errors.Join(errs...)
+}
+
+// maxUnit bounds the unit file installedByUs reads.
+const maxUnit = 64 << 10
+
+// installedByUs returns nil if path holds what Install writes there: for
+// a shipped unit a regular file (read without following a link,
+// fsutil.ReadRegular) that begins with the shipped unit's first line, for
+// the generator a symbolic link. Nothing there is os.ErrNotExist; anything
+// else (a mask, a link, a unit or file of someone else's) is ErrExists,
+// saying what to do.
+func installedByUs(path string) error {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return err
+	}
+	if filepath.Base(path) == GeneratorName {
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			return nil
+		}
+		return fmt.Errorf("%s is not the link sparsevol installs; move it aside first: %w", path, volume.ErrExists)
+	}
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		if target, _ := os.Readlink(path); target == "/dev/null" {
+			return fmt.Errorf("%s is masked; `systemctl unmask %s` first if you mean it: %w", path, filepath.Base(path), volume.ErrExists)
+		}
+		return fmt.Errorf("%s is a link, not a unit sparsevol installs; remove it yourself first if you mean it: %w", path, volume.ErrExists)
+	}
+	data, err := fsutil.ReadRegular(path, maxUnit)
+	if err != nil {
+		return fmt.Errorf("%s: %w; it is not a unit sparsevol installs: %w", path, err, volume.ErrExists)
+	}
+	for _, u := range shipped {
+		if u.name == filepath.Base(path) {
+			first, _, _ := strings.Cut(u.text, "\n")
+			if strings.HasPrefix(string(data), first+"\n") {
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("%s is not a unit sparsevol installs (its first line is not sparsevol's); move it aside first if you mean it: %w", path, volume.ErrExists)
 }
 
 // Installed reports whether the template is present: in Dir, or where a
