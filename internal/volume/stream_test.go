@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 )
@@ -114,25 +115,12 @@ func TestImportKeepUUIDChecksContent(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The same content under another header UUID, checksummed anew.
-	var forged bytes.Buffer
-	var sw *streamWriter
-	_, err := readStream(&exported, func(h *StreamHeader) error {
-		h.UUID = NewUUID()
-		var err error
-		sw, err = newStreamWriter(&forged, h)
-		return err
-	}, func(off int64, data []byte) error { return sw.extent(off, data) })
-	if err == nil {
-		err = sw.close()
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	forged := reheader(t, &exported, func(h *StreamHeader) { h.UUID = NewUUID() })
 	before, err := s.List()
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := s.Import(ctx, &forged, ImportRequest{Name: "q", KeepUUID: true})
+	v, err := s.Import(ctx, forged, ImportRequest{Name: "q", KeepUUID: true})
 	if !errors.Is(err, ErrMismatch) {
 		t.Fatalf("import keeping a header UUID its partition does not carry = %+v, %v; want ErrMismatch", v, err)
 	}
@@ -152,12 +140,31 @@ func TestImportOtherFilesystemThanHeader(t *testing.T) {
 	if _, err := s.Export(ctx, "x", &exported, StreamOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	var forged bytes.Buffer
+	forged := reheader(t, &exported, func(h *StreamHeader) { h.FSType = "ext4" })
+	before, err := s.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.Import(ctx, forged, ImportRequest{Name: "y"})
+	if !errors.Is(err, ErrMismatch) || !strings.Contains(fmt.Sprint(err), "holds xfs") {
+		t.Fatalf("import of XFS content under an ext4 header = %+v, %v; want ErrMismatch naming xfs", v, err)
+	}
+	if after, err := s.List(); err != nil || len(after) != len(before) {
+		t.Fatalf("volumes after the refused import: %d (%v), want %d", len(after), err, len(before))
+	}
+}
+
+// reheader returns the stream r with its header changed by edit and its
+// content as it was, checksummed anew: a stream forged by someone who
+// knows the format.
+func reheader(t *testing.T, r io.Reader, edit func(*StreamHeader)) *bytes.Buffer {
+	t.Helper()
+	var out bytes.Buffer
 	var sw *streamWriter
-	_, err := readStream(&exported, func(h *StreamHeader) error {
-		h.FSType = "ext4"
+	_, err := readStream(r, func(h *StreamHeader) error {
+		edit(h)
 		var err error
-		sw, err = newStreamWriter(&forged, h)
+		sw, err = newStreamWriter(&out, h)
 		return err
 	}, func(off int64, data []byte) error { return sw.extent(off, data) })
 	if err == nil {
@@ -166,15 +173,5 @@ func TestImportOtherFilesystemThanHeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before, err := s.List()
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := s.Import(ctx, &forged, ImportRequest{Name: "y"})
-	if !errors.Is(err, ErrMismatch) || !strings.Contains(fmt.Sprint(err), "holds xfs") {
-		t.Fatalf("import of XFS content under an ext4 header = %+v, %v; want ErrMismatch naming xfs", v, err)
-	}
-	if after, err := s.List(); err != nil || len(after) != len(before) {
-		t.Fatalf("volumes after the refused import: %d (%v), want %d", len(after), err, len(before))
-	}
+	return &out
 }
