@@ -151,6 +151,10 @@ func TestBadInputExitsTwoAndChangesNothing(t *testing.T) {
 	os.WriteFile(outside, nil, 0o600)
 	os.Truncate(outside, 16<<20)
 	exec.Command("mkfs.ext4", "-q", outside).Run()
+	// Values a refusal must not echo as they are: a forged line with a
+	// terminal escape, and kilobytes.
+	const hostile = "no\x1b[2K\nsparsevol: pe"
+	long := strings.Repeat("n", 5000)
 	readOnly := t.TempDir()
 	if err := unix.Mount("tmpfs", readOnly, "tmpfs", unix.MS_RDONLY, ""); err != nil {
 		t.Fatal(err)
@@ -198,6 +202,11 @@ func TestBadInputExitsTwoAndChangesNothing(t *testing.T) {
 		{"delete one snapshot twice", "", []string{"snapshot", "delete", "snap", snapUUID}, nil},
 		{"delete missing volume with control characters", "", []string{"delete", "small", "no\x1b[2K\nsparsevol: pe"}, nil},
 		{"expand missing volume", "", []string{"expand", "nope", "--size", "1G"}, nil},
+		{"status missing volume, long reference", "", []string{"status", long}, nil},
+		{"export missing, control characters", "", []string{"export", hostile}, nil},
+		{"export missing, long reference", "", []string{"export", long}, nil},
+		{"snapshot of missing volume, control characters", "", []string{"snapshot", "create", hostile, "snap2"}, nil},
+		{"snapshot of missing volume, long reference", "", []string{"snapshot", "create", long, "snap2"}, nil},
 		{"status missing volume", "", []string{"status", "nope"}, nil},
 		{"pv missing volume", "", []string{"pv", "nope"}, nil},
 		{"attach without volume", "", []string{"attach"}, nil},
@@ -263,6 +272,7 @@ func TestBadInputExitsTwoAndChangesNothing(t *testing.T) {
 			if len(lines) != 1 || !strings.HasPrefix(lines[0], "sparsevol: ") {
 				t.Fatalf("want one error line, got %q", r.stderr)
 			}
+			checkShownLine(t, lines[0])
 			if after := snapshot(t, root); after != before {
 				t.Fatalf("rejected command changed state:\nbefore:\n%s\nafter:\n%s", before, after)
 			}
@@ -270,6 +280,23 @@ func TestBadInputExitsTwoAndChangesNothing(t *testing.T) {
 	}
 	mustRun(t, root, "snapshot", "delete", "snap")
 	mustRun(t, root, "delete", "existing", "small")
+}
+
+// maxErrorLine bounds a refusal's line: it shows a refused value only as
+// volume.Quote's short prefix.
+const maxErrorLine = 512
+
+// checkShownLine fails the test if line, a refusal, holds a control
+// character (a value echoed raw) or is longer than maxErrorLine (a value
+// echoed whole).
+func checkShownLine(t *testing.T, line string) {
+	t.Helper()
+	if i := strings.IndexFunc(line, func(r rune) bool { return r < 0x20 || r == 0x7f }); i >= 0 {
+		t.Errorf("control character %q at byte %d of the error line %q", line[i], i, line)
+	}
+	if len(line) > maxErrorLine {
+		t.Errorf("error line of %d bytes, at most %d wanted: %.200q...", len(line), maxErrorLine, line)
+	}
 }
 
 func TestConcurrentAttachSameVolume(t *testing.T) {

@@ -144,7 +144,7 @@ type Change struct {
 func (s *Store) Change(ref string, ch Change) (*Status, error) {
 	if ch.IOLimits != nil {
 		if err := s.CheckLimits(*ch.IOLimits); err != nil {
-			return nil, fmt.Errorf("change %s: %w", ref, err)
+			return nil, fmt.Errorf("change %s: %w", Quote(ref), err)
 		}
 	}
 	var st *Status

@@ -32,7 +32,7 @@ type ExpandOptions struct {
 // expanding) until a rerun finishes it or AbandonExpand takes it back.
 func (s *Store) Expand(ctx context.Context, ref string, newSize int64, opts ExpandOptions) (*Volume, error) {
 	if newSize <= 0 {
-		return nil, fmt.Errorf("expand %s: size must be positive: %w", ref, ErrInvalid)
+		return nil, fmt.Errorf("expand %s: size must be positive: %w", Quote(ref), ErrInvalid)
 	}
 	newSize = RoundUpMiB(newSize)
 	var out *Volume

@@ -34,13 +34,13 @@ func (s *Store) Export(ctx context.Context, ref string, w io.Writer, opts Stream
 	case serr != nil && !errors.Is(serr, ErrNotFound):
 		return nil, serr
 	case verr == nil && serr == nil:
-		return nil, fmt.Errorf("export %s: names a volume and a snapshot; give the UUID (%s or %s): %w", ref, v.UUID, sn.UUID, ErrInvalid)
+		return nil, fmt.Errorf("export %s: names a volume and a snapshot; give the UUID (%s or %s): %w", Quote(ref), v.UUID, sn.UUID, ErrInvalid)
 	case verr == nil:
 		return s.exportVolume(ctx, v.UUID, w, opts)
 	case serr == nil:
 		return s.exportSnapshot(ctx, sn, w, opts)
 	}
-	return nil, fmt.Errorf("export %s: no volume or snapshot of that name or UUID: %w", ref, ErrNotFound)
+	return nil, fmt.Errorf("export %s: no volume or snapshot of that name or UUID: %w", Quote(ref), ErrNotFound)
 }
 
 func (s *Store) exportVolume(ctx context.Context, uuid string, w io.Writer, opts StreamOptions) (*StreamHeader, error) {

@@ -288,7 +288,7 @@ func (s *Store) findSnapshot(ref string) (*Snapshot, error) {
 			return sn, nil
 		}
 	}
-	return nil, fmt.Errorf("snapshot %q: %w", ref, ErrSnapshotNotFound)
+	return nil, fmt.Errorf("snapshot %s: %w", Quote(ref), ErrSnapshotNotFound)
 }
 
 // CreateSnapshot takes a snapshot named name of the volume ref (see
@@ -297,10 +297,10 @@ func (s *Store) findSnapshot(ref string) (*Snapshot, error) {
 // the name taken by a snapshot of another volume is ErrExists.
 func (s *Store) CreateSnapshot(ctx context.Context, volumeRef, name string, opts SnapshotOptions) (*Snapshot, error) {
 	if err := ValidateName(name); err != nil {
-		return nil, fmt.Errorf("snapshot %s: %w", volumeRef, err)
+		return nil, fmt.Errorf("snapshot of %s: %w", Quote(volumeRef), err)
 	}
 	if err := ValidateLabels(opts.Labels); err != nil {
-		return nil, fmt.Errorf("snapshot %s of %s: %w", name, volumeRef, err)
+		return nil, fmt.Errorf("snapshot %s of %s: %w", name, Quote(volumeRef), err)
 	}
 	var out *Snapshot
 	err := s.withVolume(volumeRef, func(v *Volume) error {
@@ -311,7 +311,7 @@ func (s *Store) CreateSnapshot(ctx context.Context, volumeRef, name string, opts
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("snapshot %s of %s: %w", name, volumeRef, err)
+		return nil, fmt.Errorf("snapshot %s of %s: %w", name, Quote(volumeRef), err)
 	}
 	return out, nil
 }
@@ -691,7 +691,7 @@ func (s *Store) DeleteSnapshot(ctx context.Context, ref string) error {
 	defer unlock()
 	if sn.State != StateBroken {
 		if sn, err = s.readSnapMeta(sn.UUID); err != nil {
-			return fmt.Errorf("delete snapshot %s: %w", ref, err)
+			return fmt.Errorf("delete snapshot %s: %w", Quote(ref), err)
 		}
 		if sn.State != StateDeleting {
 			sn.State = StateDeleting

@@ -687,7 +687,7 @@ func (s *Store) Get(ref string) (*Volume, error) {
 			return v, nil
 		}
 	}
-	return nil, fmt.Errorf("volume %q: %w", ref, ErrNotFound)
+	return nil, fmt.Errorf("volume %s: %w", Quote(ref), ErrNotFound)
 }
 
 // withVolume resolves ref, takes the volume's lock and re-reads its
