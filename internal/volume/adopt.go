@@ -28,8 +28,8 @@ import (
 //
 // The files are an operator's pointing, so they are checked as hostile: a
 // symlink, a file with more than one link, a file some loop device is
-// bound to, or a file in another store's directory is refused with
-// ErrInvalid. A UUID the node has already (a volume or snapshot of the
+// bound to, a file in another store's directory, or a path no file can
+// have (checkPathLength) is refused with ErrInvalid. A UUID the node has already (a volume or snapshot of the
 // store, another store's link, a filesystem or partition of the node:
 // uuidFree), or that two files of one call share, is refused with
 // ErrExists. All candidates are checked before any is registered: one bad
@@ -40,6 +40,9 @@ func (s *Store) Adopt(ctx context.Context, paths []string, dir string) ([]*Volum
 		abs, err := filepath.Abs(dir)
 		if err != nil {
 			return nil, fmt.Errorf("adopt: directory %s: %w: %w", dir, err, ErrInvalid)
+		}
+		if err := checkPathLength(abs); err != nil {
+			return nil, fmt.Errorf("adopt: directory: %w", err)
 		}
 		dir = abs
 		if len(paths) == 0 {
@@ -87,21 +90,21 @@ func (s *Store) Adopt(ctx context.Context, paths []string, dir string) ([]*Volum
 		}
 		c, err := s.probeForAdoption(ctx, p, dir)
 		if err != nil {
-			return nil, fmt.Errorf("adopt %s: %w", p, err)
+			return nil, fmt.Errorf("adopt %s: %w", Quote(p), err)
 		}
 		fresh = append(fresh, c)
 		v := c.v
 		if err := s.uuidFree(v.UUID); err != nil {
-			return nil, fmt.Errorf("adopt %s: %w", p, err)
+			return nil, fmt.Errorf("adopt %s: %w", Quote(p), err)
 		}
 		if byUUID[v.UUID] != nil {
-			return nil, fmt.Errorf("adopt %s: uuid %s is also another file's of this adoption: %w", p, v.UUID, ErrExists)
+			return nil, fmt.Errorf("adopt %s: uuid %s is also another file's of this adoption: %w", Quote(p), v.UUID, ErrExists)
 		}
 		if names[v.Name] {
 			v.Name = adoptedName(v.UUID)
 		}
 		if names[v.Name] {
-			return nil, fmt.Errorf("adopt %s: name %s is taken: %w", p, v.Name, ErrExists)
+			return nil, fmt.Errorf("adopt %s: name %s is taken: %w", Quote(p), v.Name, ErrExists)
 		}
 		names[v.Name], byUUID[v.UUID] = true, v
 	}
@@ -154,6 +157,9 @@ func (s *Store) probeForAdoption(ctx context.Context, path, dir string) (*candid
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", err, ErrInvalid)
+	}
+	if err := checkPathLength(abs); err != nil {
+		return nil, err
 	}
 	if dir != "" {
 		rel, err := filepath.Rel(dir, abs)

@@ -25,6 +25,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sparsevol/sparsevol/internal/loop"
 )
 
@@ -385,13 +387,18 @@ func describeByte(s string, i int) string {
 // would start a setting of its own), and holds none that systemd's unit
 // syntax reads as more than itself: no space (which splits a setting's
 // values), '%' (specifiers such as %H), '\' (escapes), quotes or '$'
-// (variables in ExecStart=). The error, ErrInvalid, names the character.
+// (variables in ExecStart=). It is a path a file can have
+// (checkPathLength). The error, ErrInvalid, names the character or the
+// length.
 func CheckUnitPath(path string) error {
 	switch {
 	case path == "":
 		return fmt.Errorf("empty path: %w", ErrInvalid)
 	case !filepath.IsAbs(path):
 		return fmt.Errorf("path %s is not absolute; give the absolute path: %w", Quote(path), ErrInvalid)
+	}
+	if err := checkPathLength(path); err != nil {
+		return err
 	}
 	i := unprintable(path)
 	if j := strings.IndexAny(path, unitPathSpecials); j >= 0 && (i < 0 || j < i) {
@@ -403,6 +410,24 @@ func CheckUnitPath(path string) error {
 	}
 	if clean := filepath.Clean(path); clean != path {
 		return fmt.Errorf("path %s is not clean; give it as %s: %w", Quote(path), Quote(clean), ErrInvalid)
+	}
+	return nil
+}
+
+// checkPathLength refuses a path no file can have, which the kernel
+// refuses too (ENAMETOOLONG): of PATH_MAX bytes or more, or with a
+// component longer than NAME_MAX bytes. The error, ErrInvalid, shows the
+// path through Quote, so such a path is never echoed whole.
+func checkPathLength(path string) error {
+	if len(path) >= unix.PathMax {
+		return fmt.Errorf("path %s is %d bytes, and no file's path is longer than %d; give the file's path: %w",
+			Quote(path), len(path), unix.PathMax-1, ErrInvalid)
+	}
+	for _, name := range strings.Split(path, "/") {
+		if len(name) > unix.NAME_MAX {
+			return fmt.Errorf("path %s has a component of %d bytes, and no file name is longer than %d; give the file's path: %w",
+				Quote(path), len(name), unix.NAME_MAX, ErrInvalid)
+		}
 	}
 	return nil
 }
