@@ -218,6 +218,8 @@ func TestBadInputExitsTwoAndChangesNothing(t *testing.T) {
 		{"adopt outside dir", "", []string{"adopt", "--dir", oldDir, outside}, nil},
 		{"adopt nothing", "", []string{"adopt"}, nil},
 		{"adopt path too long", "", []string{"adopt", "/" + long}, nil},
+		{"adopt path with control characters", "", []string{"adopt", filepath.Join(oldDir, hostile)}, nil},
+		{"adopt dir with control characters", "", []string{"adopt", "--dir", filepath.Join(oldDir, hostile), junk}, nil},
 		{"adopt name too long", "", []string{"adopt", filepath.Join(oldDir, strings.Repeat("n", 300))}, nil},
 		{"adopt dir too long", "", []string{"adopt", "--dir", "/" + long, junk}, nil},
 		{"root too long", "/" + long, []string{"list"}, nil},

@@ -39,7 +39,7 @@ func (s *Store) Adopt(ctx context.Context, paths []string, dir string) ([]*Volum
 	if dir != "" {
 		abs, err := filepath.Abs(dir)
 		if err != nil {
-			return nil, fmt.Errorf("adopt: directory %s: %w: %w", dir, err, ErrInvalid)
+			return nil, fmt.Errorf("adopt: directory %s: %w: %w", Quote(dir), err, ErrInvalid)
 		}
 		if err := checkPathLength(abs); err != nil {
 			return nil, fmt.Errorf("adopt: directory: %w", err)
@@ -164,7 +164,7 @@ func (s *Store) probeForAdoption(ctx context.Context, path, dir string) (*candid
 	if dir != "" {
 		rel, err := filepath.Rel(dir, abs)
 		if err != nil || rel == ".." || strings.HasPrefix(rel, "../") || filepath.IsAbs(rel) {
-			return nil, fmt.Errorf("%s lies outside %s: %w", abs, dir, ErrInvalid)
+			return nil, fmt.Errorf("%s lies outside %s: %w", Shown(abs), Shown(dir), ErrInvalid)
 		}
 	}
 	// The directory is resolved once, following the links in the path the
@@ -175,12 +175,12 @@ func (s *Store) probeForAdoption(ctx context.Context, path, dir string) (*candid
 	parentPath, base := filepath.Dir(abs), filepath.Base(abs)
 	parent, err := unix.Open(parentPath, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", &os.PathError{Op: "open", Path: parentPath, Err: err}, ErrInvalid)
+		return nil, fmt.Errorf("open %s: %w: %w", Shown(parentPath), err, ErrInvalid)
 	}
 	var pst unix.Stat_t
 	if err := unix.Fstat(parent, &pst); err != nil {
 		unix.Close(parent)
-		return nil, fmt.Errorf("stat %s: %w", parentPath, err)
+		return nil, fmt.Errorf("stat %s: %w", Shown(parentPath), err)
 	}
 	ours := pst.Dev == s.dir.dev && pst.Ino == s.dir.ino
 	if !ours {
@@ -194,7 +194,7 @@ func (s *Store) probeForAdoption(ctx context.Context, path, dir string) (*candid
 	fd, err := unix.Openat(parent, base, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		unix.Close(parent)
-		return nil, fmt.Errorf("%w: %w", &os.PathError{Op: "open", Path: abs, Err: err}, ErrInvalid)
+		return nil, fmt.Errorf("open %s: %w: %w", Shown(abs), err, ErrInvalid)
 	}
 	c := &candidate{path: abs, parent: parent, base: base, fd: fd}
 	v, err := s.checkCandidate(ctx, c)
@@ -210,21 +210,21 @@ func (s *Store) probeForAdoption(ctx context.Context, path, dir string) (*candid
 func (s *Store) checkCandidate(ctx context.Context, c *candidate) (*Volume, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(c.fd, &st); err != nil {
-		return nil, fmt.Errorf("stat %s: %w", c.path, err)
+		return nil, fmt.Errorf("stat %s: %w", Shown(c.path), err)
 	}
 	c.id = loop.FileID{Dev: st.Dev, Inode: st.Ino}
 	switch {
 	case st.Mode&unix.S_IFMT == unix.S_IFLNK:
-		return nil, fmt.Errorf("%s is a symbolic link; adopt the file itself: %w", c.path, ErrInvalid)
+		return nil, fmt.Errorf("%s is a symbolic link; adopt the file itself: %w", Shown(c.path), ErrInvalid)
 	case st.Mode&unix.S_IFMT != unix.S_IFREG:
-		return nil, fmt.Errorf("%s is not a regular file: %w", c.path, ErrInvalid)
+		return nil, fmt.Errorf("%s is not a regular file: %w", Shown(c.path), ErrInvalid)
 	case st.Nlink != 1:
-		return nil, fmt.Errorf("%s has %d links; a volume's file has one (find the others with `find / -xdev -samefile %s`): %w", c.path, st.Nlink, c.path, ErrInvalid)
+		return nil, fmt.Errorf("%s has %d links; a volume's file has one (find the others with `find / -xdev -samefile %s`): %w", Shown(c.path), st.Nlink, Shown(c.path), ErrInvalid)
 	case st.Dev != s.dir.dev:
 		return nil, fmt.Errorf("%s is not on the store's filesystem, and adopt moves files by rename, never copying; adopt it into a store on its own filesystem (`sparsevol --root %s adopt ...`): %w",
-			c.path, filepath.Dir(c.path), ErrInvalid)
+			Shown(c.path), Shown(filepath.Dir(c.path)), ErrInvalid)
 	case st.Size < MiB || st.Size%512 != 0:
-		return nil, fmt.Errorf("%s (%d bytes) is not a sparse volume: size not a multiple of 512 or below 1 MiB: %w", c.path, st.Size, ErrInvalid)
+		return nil, fmt.Errorf("%s (%d bytes) is not a sparse volume: size not a multiple of 512 or below 1 MiB: %w", Shown(c.path), st.Size, ErrInvalid)
 	}
 	bound, err := loop.Bound(c.id)
 	if err != nil {
@@ -232,7 +232,7 @@ func (s *Store) checkCandidate(ctx context.Context, c *candidate) (*Volume, erro
 	}
 	if devs := bound[c.id]; len(devs) > 0 {
 		return nil, fmt.Errorf("%s is bound to %s (tag %q); stop what uses it and detach it first (`losetup -d %s`): %w",
-			c.path, devs[0].Path, devs[0].Tag, devs[0].Path, ErrInvalid)
+			Shown(c.path), devs[0].Path, devs[0].Tag, devs[0].Path, ErrInvalid)
 	}
 	v := &Volume{
 		Name:      filepath.Base(c.path),
@@ -248,7 +248,7 @@ func (s *Store) checkCandidate(ctx context.Context, c *candidate) (*Volume, erro
 	probePath := "/proc/" + strconv.Itoa(os.Getpid()) + "/fd/" + strconv.Itoa(c.fd)
 	found, err := s.probe(ctx, probePath)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w: %w", c.path, err, ErrInvalid)
+		return nil, fmt.Errorf("%s: %w: %w", Shown(c.path), err, ErrInvalid)
 	}
 	switch {
 	case found.Type == "ext4" || found.Type == "xfs":
@@ -256,14 +256,14 @@ func (s *Store) checkCandidate(ctx context.Context, c *candidate) (*Volume, erro
 	case found.PTType == "gpt":
 		guid, err := s.singlePartitionGUID(ctx, probePath)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", c.path, err)
+			return nil, fmt.Errorf("%s: %w", Shown(c.path), err)
 		}
 		v.Mode, v.Partitioned, v.UUID = ModeBlock, true, guid
 	default:
-		return nil, fmt.Errorf("%s is not a sparse volume: %s found, not ext4, xfs or GPT: %w", c.path, found, ErrInvalid)
+		return nil, fmt.Errorf("%s is not a sparse volume: %s found, not ext4, xfs or GPT: %w", Shown(c.path), found, ErrInvalid)
 	}
 	if !ValidUUID(v.UUID) {
-		return nil, fmt.Errorf("%s: on-disk UUID %q is not a UUID: %w", c.path, v.UUID, ErrInvalid)
+		return nil, fmt.Errorf("%s: on-disk UUID %s is not a UUID: %w", Shown(c.path), Quote(v.UUID), ErrInvalid)
 	}
 	if ValidateName(v.Name) != nil {
 		v.Name = adoptedName(v.UUID)
@@ -280,7 +280,7 @@ func foreignStore(parent int, dirPath, base string) error {
 	for _, mark := range []string{lockDir, base + metaExt} {
 		if err := unix.Fstatat(parent, mark, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil {
 			return fmt.Errorf("%s belongs to the sparsevol store %s (it has %s); manage it there with --root %s: %w",
-				filepath.Join(dirPath, base), dirPath, mark, dirPath, ErrInvalid)
+				Shown(filepath.Join(dirPath, base)), Shown(dirPath), mark, Shown(dirPath), ErrInvalid)
 		}
 	}
 	return nil
@@ -301,7 +301,7 @@ func (s *Store) moveIn(c *candidate) error {
 	uuid := c.v.UUID
 	dir, err := s.dirFD()
 	if err != nil {
-		return fmt.Errorf("adopt %s: %w", c.path, err)
+		return fmt.Errorf("adopt %s: %w", Shown(c.path), err)
 	}
 	defer unix.Close(dir)
 	if adoptRace != nil {
@@ -309,12 +309,12 @@ func (s *Store) moveIn(c *candidate) error {
 	}
 	if !c.inStore {
 		if err := unix.Renameat2(c.parent, c.base, dir, uuid, unix.RENAME_NOREPLACE); err != nil {
-			return fmt.Errorf("adopt %s: move to %s: %w", c.path, s.backingPath(uuid), err)
+			return fmt.Errorf("adopt %s: move to %s: %w", Shown(c.path), s.backingPath(uuid), err)
 		}
 	}
 	st, err := s.statIn(dir, uuid, "backing file", s.backingPath(uuid))
 	if err == nil && (loop.FileID{Dev: st.Dev, Inode: st.Ino}) != c.id {
-		err = fmt.Errorf("%s was replaced while it was adopted: %w", c.path, ErrInvalid)
+		err = fmt.Errorf("%s was replaced while it was adopted: %w", Shown(c.path), ErrInvalid)
 	}
 	if err != nil {
 		if !c.inStore {
@@ -322,7 +322,7 @@ func (s *Store) moveIn(c *candidate) error {
 				err = fmt.Errorf("%w; putting it back failed, it is %s now: %w", err, s.backingPath(uuid), perr)
 			}
 		}
-		return fmt.Errorf("adopt %s: %w", c.path, err)
+		return fmt.Errorf("adopt %s: %w", Shown(c.path), err)
 	}
 	return nil
 }
