@@ -68,7 +68,7 @@ func (r *CreateRequest) Normalize() error {
 	if r.UUID != "" {
 		r.UUID = strings.ToLower(r.UUID)
 		if !ValidUUID(r.UUID) {
-			return fmt.Errorf("uuid %q is not of the form xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx: %w", r.UUID, ErrInvalid)
+			return fmt.Errorf("uuid %s is not of the form xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx: %w", Quote(r.UUID), ErrInvalid)
 		}
 		if r.UUID == nilUUID {
 			return fmt.Errorf("uuid %s is the nil UUID, which names no filesystem: %w", r.UUID, ErrInvalid)

@@ -77,7 +77,7 @@ func (h *StreamHeader) check() error {
 		return err
 	}
 	if !ValidUUID(h.UUID) || h.UUID == nilUUID {
-		return fmt.Errorf("uuid %q is not a canonical UUID", h.UUID)
+		return fmt.Errorf("uuid %s is not a canonical UUID", Quote(h.UUID))
 	}
 	return ValidateName(h.Name)
 }
@@ -105,11 +105,11 @@ const (
 func checkLayout(mode Mode, fsType string, partitioned bool, size int64, blockSize uint32, rule sizeRule) error {
 	switch {
 	case mode != ModeFilesystem && mode != ModeBlock:
-		return fmt.Errorf("mode %q is not filesystem or block", mode)
+		return fmt.Errorf("mode %s is not filesystem or block", Quote(string(mode)))
 	case mode == ModeFilesystem && fsType != "ext4" && fsType != "xfs":
-		return fmt.Errorf("filesystem %q is not ext4 or xfs", fsType)
+		return fmt.Errorf("filesystem %s is not ext4 or xfs", Quote(fsType))
 	case mode == ModeBlock && fsType != "":
-		return fmt.Errorf("a block volume with filesystem %q", fsType)
+		return fmt.Errorf("a block volume with filesystem %s", Quote(fsType))
 	case mode == ModeFilesystem && partitioned:
 		return errors.New("a partitioned filesystem volume")
 	case rule == sizeMade && (size <= 0 || size > maxSize || size%MiB != 0):
@@ -237,7 +237,7 @@ func readStream(r io.Reader, onHeader func(*StreamHeader) error, onExtent func(o
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&h); err != nil {
-		return nil, bad("header: %v", err)
+		return nil, bad("header: %s", Quote(err.Error()))
 	}
 	if dec.More() {
 		return nil, bad("header: data after the JSON object")

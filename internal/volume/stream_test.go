@@ -3,6 +3,8 @@ package volume
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -174,4 +176,42 @@ func reheader(t *testing.T, r io.Reader, edit func(*StreamHeader)) *bytes.Buffer
 		t.Fatal(err)
 	}
 	return &out
+}
+
+// TestReadStreamRefusalShowsHeaderBounded: a header's values that are
+// refused reach the error only through Quote: no control character, and
+// never whole.
+func TestReadStreamRefusalShowsHeaderBounded(t *testing.T) {
+	hostile := "x\n\x1b[31m" + strings.Repeat("a", 5000)
+	q := func(s string) string {
+		b, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	ok := `"name":"v","sizeBytes":4194304,"createdAt":"2020-01-01T00:00:00Z"`
+	tests := map[string]string{
+		"unknown field": `{` + q(hostile) + `:1,` + ok + `}`,
+		"mode":          `{"mode":` + q(hostile) + `,"uuid":"11111111-1111-1111-1111-111111111111",` + ok + `}`,
+		"fs type":       `{"mode":"filesystem","fsType":` + q(hostile) + `,"uuid":"11111111-1111-1111-1111-111111111111",` + ok + `}`,
+		"block fs type": `{"mode":"block","fsType":` + q(hostile) + `,"uuid":"11111111-1111-1111-1111-111111111111",` + ok + `}`,
+		"uuid":          `{"mode":"filesystem","fsType":"ext4","uuid":` + q(hostile) + `,` + ok + `}`,
+		"number":        `{"sizeBytes":1` + strings.Repeat("0", 5000) + `}`,
+	}
+	for name, header := range tests {
+		t.Run(name, func(t *testing.T) {
+			in := []byte(streamMagic)
+			in = binary.BigEndian.AppendUint32(in, streamVersion)
+			in = binary.BigEndian.AppendUint32(in, uint32(len(header)))
+			in = append(in, header...)
+			_, err := readStream(bytes.NewReader(in), nil, func(int64, []byte) error { return nil })
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("readStream = %v, want ErrInvalid", err)
+			}
+			if msg := err.Error(); strings.ContainsAny(msg, "\n\x1b") || len(msg) > 512 {
+				t.Fatalf("error of %d bytes shows the header's value raw or whole: %.300q", len(msg), msg)
+			}
+		})
+	}
 }

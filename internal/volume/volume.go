@@ -498,7 +498,7 @@ func ParseSize(s string) (int64, error) {
 func ParseOvercommitRatio(s string) (float64, error) {
 	r, err := strconv.ParseFloat(s, 64)
 	if err != nil {
-		return 0, fmt.Errorf("overcommit ratio %q is not a number: %w", s, ErrInvalid)
+		return 0, fmt.Errorf("overcommit ratio %s is not a number: %w", Quote(s), ErrInvalid)
 	}
 	if err := checkOvercommitRatio(r); err != nil {
 		return 0, err
