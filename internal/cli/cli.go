@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/sparsevol/sparsevol/internal/iolimit"
 	"github.com/sparsevol/sparsevol/internal/loop"
@@ -191,7 +192,7 @@ func newCommand(stdout, stderr io.Writer) (*cobra.Command, *globals) {
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{flagError(err)} })
 
 	defRoot := os.Getenv(volume.RootEnv)
 	if defRoot == "" {
@@ -230,6 +231,33 @@ func newCommand(stdout, stderr io.Writer) (*cobra.Command, *globals) {
 	root.Version = readBuild().String()
 	root.SetVersionTemplate("{{.Version}}\n")
 	return root, g
+}
+
+// flagError is pflag's error for a bad command line with what the command
+// line gave shown through volume.Quote: pflag's own text echoes an
+// unknown flag and a refused value whole and raw, and the parser's error
+// it wraps echoes the value again. Where the flag checks its value itself
+// (its error wraps volume.ErrInvalid and quotes the value), that error is
+// the reason; else the kind of value the flag wants is.
+func flagError(err error) error {
+	var (
+		invalid  *pflag.InvalidValueError
+		notExist *pflag.NotExistError
+		syntax   *pflag.InvalidSyntaxError
+	)
+	switch {
+	case errors.As(err, &invalid) && errors.Is(invalid, volume.ErrInvalid):
+		return fmt.Errorf("--%s: %w", invalid.GetFlag().Name, invalid.Unwrap())
+	case errors.As(err, &invalid):
+		return fmt.Errorf("invalid value %s for --%s: want a %s", volume.Quote(invalid.GetValue()), invalid.GetFlag().Name, invalid.GetFlag().Value.Type())
+	case errors.As(err, &notExist) && notExist.GetSpecifiedShortnames() != "":
+		return fmt.Errorf("unknown shorthand flag %s in %s", volume.Quote(notExist.GetSpecifiedName()), volume.Quote("-"+notExist.GetSpecifiedShortnames()))
+	case errors.As(err, &notExist):
+		return fmt.Errorf("unknown flag %s", volume.Quote("--"+notExist.GetSpecifiedName()))
+	case errors.As(err, &syntax):
+		return fmt.Errorf("bad flag syntax %s", volume.Quote(syntax.GetSpecifiedFlag()))
+	}
+	return err
 }
 
 // OvercommitEnv names the environment variable that sets the default of
@@ -272,7 +300,7 @@ func refuseUnknownCommands(c *cobra.Command) {
 		if len(args) == 0 {
 			return cmd.Help()
 		}
-		return usagef("unknown command %q for %q", args[0], cmd.CommandPath())
+		return usagef("unknown command %s for %q", volume.Quote(args[0]), cmd.CommandPath())
 	}
 }
 

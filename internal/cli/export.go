@@ -28,7 +28,11 @@ is a terminal.`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if isTerminal(os.Stdout) {
-				return usagef("export writes a binary stream; redirect stdout to a file or a pipe (`sparsevol export %s | ssh node2 sparsevol import NAME`)", args[0])
+				ref := args[0]
+				if !volume.PlainName(ref) {
+					ref = "VOLUME"
+				}
+				return usagef("export writes a binary stream; redirect stdout to a file or a pipe (`sparsevol export %s | ssh node2 sparsevol import NAME`)", ref)
 			}
 			s, err := g.store()
 			if err != nil {

@@ -94,7 +94,7 @@ func checkPVFlags(name, storageClass, node string) error {
 
 func checkK8sName(what, value string, check func(string) []string) error {
 	if errs := check(value); len(errs) > 0 {
-		return usagef("%s %q: %s", what, value, strings.Join(errs, "; "))
+		return usagef("%s %s: %s", what, volume.Quote(value), strings.Join(errs, "; "))
 	}
 	return nil
 }

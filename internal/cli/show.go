@@ -18,7 +18,7 @@ func outputFlag(cmd *cobra.Command, out *string) {
 
 func checkOutput(out string) error {
 	if out != "table" && out != "json" {
-		return usagef("output format %q: want table or json", out)
+		return usagef("output format %s: want table or json", volume.Quote(out))
 	}
 	return nil
 }
