@@ -275,6 +275,10 @@ func TestBadInputExitsTwoAndChangesNothing(t *testing.T) {
 		{"pods cgroup escapes", "", []string{"--pods-cgroup", "../x", "list"}, nil},
 		{"pods cgroup absolute", "", []string{"list"}, []string{"SPARSEVOL_PODS_CGROUP=/kubepods"}},
 		{"cgroup mount relative", "", []string{"--cgroup-mount", "sys/fs/cgroup", "list"}, nil},
+		{"cgroup mount long", "", []string{"--cgroup-mount", long, "list"}, nil},
+		{"cgroup mount control characters", "", []string{"--cgroup-mount", "/sys/fs/" + hostile, "list"}, nil},
+		{"pods cgroup new line", "", []string{"--pods-cgroup", "a\nb", "list"}, nil},
+		{"pods cgroup env control characters", "", []string{"list"}, []string{"SPARSEVOL_PODS_CGROUP=kubepods" + hostile}},
 		{"empty unit dir", "", []string{"--unit-dir", "", "list"}, nil},
 	}
 	for _, tt := range tests {

@@ -44,20 +44,36 @@ type Config struct {
 	Cgroup string
 }
 
-// Validate checks the configuration without touching anything. Errors
-// wrap ErrInvalid.
+// Validate checks the configuration without touching anything: Mount is
+// an absolute, clean path and Cgroup a clean relative one below Mount's
+// root, both of plain bytes only (plainPath). Errors wrap ErrInvalid and
+// name the setting, not its value: this package has no way to show a
+// refused value bounded, and the value may be hostile.
 func (c Config) Validate() error {
-	if c.Mount != "" && (!filepath.IsAbs(c.Mount) || filepath.Clean(c.Mount) != c.Mount) {
-		return fmt.Errorf("cgroup mount %q is not an absolute, clean path: %w", c.Mount, ErrInvalid)
+	if c.Mount != "" && (!filepath.IsAbs(c.Mount) || filepath.Clean(c.Mount) != c.Mount || !plainPath(c.Mount)) {
+		return fmt.Errorf("cgroup mount: want an absolute, clean path of ASCII letters, digits, '.', '_', '-', '@' and ':' (such as %s): %w", DefaultMount, ErrInvalid)
 	}
 	if c.Cgroup == "" {
 		return nil
 	}
 	if filepath.IsAbs(c.Cgroup) || filepath.Clean(c.Cgroup) != c.Cgroup || c.Cgroup == "." ||
-		slices.Contains(strings.Split(c.Cgroup, "/"), "..") {
-		return fmt.Errorf("pods cgroup %q: want a clean path relative to the cgroup mount, below its root (kubepods.slice, kubepods): %w", c.Cgroup, ErrInvalid)
+		slices.Contains(strings.Split(c.Cgroup, "/"), "..") || !plainPath(c.Cgroup) {
+		return fmt.Errorf("pods cgroup: want a clean path relative to the cgroup mount, below its root (kubepods.slice, kubepods), of ASCII letters, digits, '.', '_', '-', '@' and ':': %w", ErrInvalid)
 	}
 	return nil
+}
+
+// plainPath reports whether p holds only bytes a cgroup path needs, which
+// no terminal and no cgroup file reads as more than text: ASCII letters,
+// digits, '.', '_', '-', '@', ':' and the '/' between names.
+func plainPath(p string) bool {
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("._-@:/", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }
 
 func (c Config) mount() string {

@@ -2,6 +2,7 @@ package iolimit
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -99,7 +100,11 @@ func TestLine(t *testing.T) {
 	}
 }
 
+// TestConfigValidate: a configuration is refused with ErrInvalid where a
+// path has the wrong shape or a byte a cgroup path does not need, and the
+// error never shows the value.
 func TestConfigValidate(t *testing.T) {
+	const hostile = "x\n\x1b[31m"
 	for _, tc := range []struct {
 		c  Config
 		ok bool
@@ -107,17 +112,28 @@ func TestConfigValidate(t *testing.T) {
 		{Config{}, true},
 		{Config{Mount: "/host/sys/fs/cgroup", Cgroup: "kubepods.slice"}, true},
 		{Config{Cgroup: "kubepods/burstable"}, true},
+		{Config{Cgroup: "user.slice/user-0.slice/user@0.service"}, true},
 		{Config{Mount: "sys/fs/cgroup"}, false},
 		{Config{Mount: "/sys/fs/cgroup/"}, false},
+		{Config{Mount: "/sys/fs/" + hostile}, false},
+		{Config{Mount: "/sys/fs/c group"}, false},
+		{Config{Mount: strings.Repeat("a", 5000)}, false},
 		{Config{Cgroup: "/kubepods"}, false},
 		{Config{Cgroup: "."}, false},
 		{Config{Cgroup: "../x"}, false},
 		{Config{Cgroup: "a/../../x"}, false},
 		{Config{Cgroup: "kubepods/"}, false},
+		{Config{Cgroup: "a\nb"}, false},
+		{Config{Cgroup: "kubepods" + hostile}, false},
+		{Config{Cgroup: "kube\u202epods"}, false},
+		{Config{Cgroup: "../" + strings.Repeat("a", 5000)}, false},
 	} {
 		err := tc.c.Validate()
 		if tc.ok != (err == nil) || (err != nil && !errors.Is(err, ErrInvalid)) {
-			t.Errorf("%+v.Validate() = %v, want ok=%t", tc.c, err, tc.ok)
+			t.Errorf("%.100q.Validate() = %v, want ok=%t", fmt.Sprintf("%+v", tc.c), err, tc.ok)
+		}
+		if err != nil && (strings.ContainsAny(err.Error(), "\n\x1b\u202e") || len(err.Error()) > 512) {
+			t.Errorf("%.100q.Validate() shows the value: %.300q", fmt.Sprintf("%+v", tc.c), err)
 		}
 	}
 }
