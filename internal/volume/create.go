@@ -162,7 +162,7 @@ func (r *CreateRequest) compatible(v *Volume) bool {
 // is unfinished and the request is the same, in which case it is finished.
 func (s *Store) Create(ctx context.Context, req CreateRequest) (*Volume, error) {
 	if err := req.Normalize(); err != nil {
-		return nil, fmt.Errorf("create %s: %w", req.Name, err)
+		return nil, fmt.Errorf("create %s: %w", Quote(req.Name), err)
 	}
 	if err := s.CheckLimits(req.IOLimits); err != nil {
 		return nil, fmt.Errorf("create %s: %w", req.Name, err)

@@ -163,10 +163,10 @@ type ImportRequest struct {
 // creating for Delete after.
 func (s *Store) Import(ctx context.Context, r io.Reader, req ImportRequest) (*Volume, error) {
 	if err := ValidateName(req.Name); err != nil {
-		return nil, fmt.Errorf("import %s: %w", req.Name, err)
+		return nil, fmt.Errorf("import %s: %w", Quote(req.Name), err)
 	}
 	if err := ValidateLabels(req.Labels); err != nil {
-		return nil, fmt.Errorf("import %s: %w", req.Name, err)
+		return nil, fmt.Errorf("import %s: %w", Quote(req.Name), err)
 	}
 	if v, err := s.Get(req.Name); err == nil {
 		return nil, fmt.Errorf("import %s: name is taken by volume %s: %w", req.Name, v.UUID, ErrExists)

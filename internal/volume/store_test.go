@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -471,4 +472,41 @@ func listing(t *testing.T, root string) string {
 		return nil
 	})
 	return b.String()
+}
+
+// TestRefusalShowsReferenceBounded: a refusal of a reference or name a
+// caller gave shows it only through Quote: no control character reaches
+// the message, and a long one is cut.
+func TestRefusalShowsReferenceBounded(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, Options{})
+	for _, ref := range []string{"no\x1b[2K\nsparsevol: pe", strings.Repeat("n", 5000)} {
+		for _, tt := range []struct {
+			name string
+			call func() error
+		}{
+			{"get", func() error { _, err := s.Get(ref); return err }},
+			{"create", func() error {
+				_, err := s.Create(ctx, CreateRequest{Name: ref, SizeBytes: MiB, Mode: ModeBlock, NoPartition: true})
+				return err
+			}},
+			{"import", func() error { _, err := s.Import(ctx, strings.NewReader(""), ImportRequest{Name: ref}); return err }},
+			{"export", func() error { _, err := s.Export(ctx, ref, io.Discard, StreamOptions{}); return err }},
+			{"expand", func() error { _, err := s.Expand(ctx, ref, 0, ExpandOptions{}); return err }},
+			{"snapshot", func() error { _, err := s.CreateSnapshot(ctx, ref, "snap", SnapshotOptions{}); return err }},
+			{"snapshot with a bad name", func() error { _, err := s.CreateSnapshot(ctx, ref, "a b", SnapshotOptions{}); return err }},
+			{"snapshot delete", func() error { return s.DeleteSnapshot(ctx, ref) }},
+			{"change", func() error { _, err := s.Change(ref, Change{Labels: map[string]string{"k": "v"}}); return err }},
+		} {
+			t.Run(fmt.Sprintf("%s/%.8q", tt.name, ref), func(t *testing.T) {
+				err := tt.call()
+				if err == nil {
+					t.Fatal("accepted")
+				}
+				if msg := err.Error(); strings.ContainsAny(msg, "\n\x1b") || len(msg) > 512 {
+					t.Errorf("error of %d bytes shows the reference raw or whole: %.300q", len(msg), msg)
+				}
+			})
+		}
+	}
 }
