@@ -130,8 +130,22 @@ func fsync(fd int, path string) error {
 // caller for good, a device node would be read), and so is a file of
 // more than limit bytes.
 func ReadRegular(path string, limit int64) ([]byte, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-	if errors.Is(err, unix.ELOOP) {
+	return readRegular(path, limit, unix.O_NOFOLLOW)
+}
+
+// ReadRegularFollowing is ReadRegular for a file an administrator may
+// put in place as a symbolic link (a unit file `systemctl link` made):
+// the links are followed, and what they lead to must be a regular file
+// of at most limit bytes, refused before a byte is read otherwise.
+func ReadRegularFollowing(path string, limit int64) ([]byte, error) {
+	return readRegular(path, limit, 0)
+}
+
+// readRegular is ReadRegular, with follow (0 or O_NOFOLLOW) saying
+// whether a final symbolic link is followed.
+func readRegular(path string, limit int64, follow int) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|follow|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ELOOP) && follow != 0 {
 		err = errSymlink
 	}
 	if err != nil {

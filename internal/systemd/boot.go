@@ -190,16 +190,12 @@ func (m Manager) EnabledVolumes() ([]volume.EnabledVolume, error) {
 	return out, err
 }
 
-// maxDropIn bounds the drop-in readDropIn reads: Enable writes a few
-// paths.
-const maxDropIn = 64 << 10
-
 // readDropIn is readUnitSettings for an instance's drop-in, which only
-// Enable writes: a regular file of at most maxDropIn bytes, read without
+// Enable writes: a regular file of at most maxUnit bytes, read without
 // following a link (fsutil.ReadRegular), so that a FIFO there cannot hold
 // up the generator and boot, nor a link make them read another file.
 func readDropIn(path string) (root string, mountsFor []string, err error) {
-	data, err := fsutil.ReadRegular(path, maxDropIn)
+	data, err := fsutil.ReadRegular(path, maxUnit)
 	if err != nil {
 		return "", nil, err
 	}
@@ -207,14 +203,19 @@ func readDropIn(path string) (root string, mountsFor []string, err error) {
 }
 
 // readUnitSettings reads the two settings sparsevol writes into its unit
-// files: Environment=SPARSEVOL_ROOT= and RequiresMountsFor=.
+// files: Environment=SPARSEVOL_ROOT= and RequiresMountsFor=. The unit may
+// be a link (`systemctl link`), followed, to a regular file of at most
+// maxUnit bytes (fsutil.ReadRegularFollowing: a FIFO there cannot hold up
+// the generator). A masked unit (a link to /dev/null) holds no settings.
 func readUnitSettings(path string) (root string, mountsFor []string, err error) {
-	f, err := os.Open(path)
+	if target, err := os.Readlink(path); err == nil && target == "/dev/null" {
+		return "", nil, nil
+	}
+	data, err := fsutil.ReadRegularFollowing(path, maxUnit)
 	if err != nil {
 		return "", nil, err
 	}
-	defer f.Close()
-	return unitSettings(f)
+	return unitSettings(bytes.NewReader(data))
 }
 
 // unitSettings is readUnitSettings on the text r.

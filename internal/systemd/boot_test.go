@@ -184,7 +184,7 @@ func TestGenerateUnreadableDropIn(t *testing.T) {
 		{"fifo", func(p string) error { return unix.Mkfifo(p, 0o644) }},
 		{"symlink", func(p string) error { return os.Symlink(elsewhere, p) }},
 		{"oversized", func(p string) error {
-			return os.WriteFile(p, []byte("[Service]\nEnvironment=SPARSEVOL_ROOT=/srv/x\n"+strings.Repeat("#\n", maxDropIn)), 0o644)
+			return os.WriteFile(p, []byte("[Service]\nEnvironment=SPARSEVOL_ROOT=/srv/x\n"+strings.Repeat("#\n", maxUnit)), 0o644)
 		}},
 	}
 	for _, tt := range tests {
@@ -554,4 +554,57 @@ func tree(t *testing.T, dir string) []string {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// TestGenerateTemplateNotAFile: a FIFO at the template's path makes the
+// generator fail at once (it would hang the boot reading it); a masked
+// template (a link to /dev/null) and a linked one (`systemctl link`) are
+// read as systemd reads them.
+func TestGenerateTemplateNotAFile(t *testing.T) {
+	const uuid = "0aaaaaaa-0000-4000-8000-000000000001"
+	linked := filepath.Join(t.TempDir(), TemplateName)
+	if err := os.WriteFile(linked, []byte(render(systemdunit.Template, "/opt/sv/sparsevol", "/srv/linked")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		make  func(path string) error
+		ok    bool
+		store string
+	}{
+		{"fifo", func(p string) error { return unix.Mkfifo(p, 0o644) }, false, ""},
+		{"masked", func(p string) error { return os.Symlink("/dev/null", p) }, true, defaultRoot},
+		{"linked", func(p string) error { return os.Symlink(linked, p) }, true, "/srv/linked"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newTestManager(t, "/srv/store")
+			enable(t, m, uuid, "")
+			tmpl := filepath.Join(m.Dir, TemplateName)
+			os.Remove(tmpl)
+			if err := tc.make(tmpl); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- m.Generate(t.TempDir()) }()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(10 * time.Second):
+				if fd, err := unix.Open(tmpl, unix.O_WRONLY|unix.O_NONBLOCK, 0); err == nil {
+					unix.Close(fd) // let the blocked reader go
+				}
+				t.Fatal("Generate blocked on the template")
+			}
+			if (err == nil) != tc.ok {
+				t.Fatalf("Generate = %v, want success %v", err, tc.ok)
+			}
+			if !tc.ok {
+				return
+			}
+			vols, err := m.EnabledVolumes()
+			if want := []volume.EnabledVolume{{UUID: uuid, Root: tc.store}}; err != nil || !reflect.DeepEqual(vols, want) {
+				t.Errorf("EnabledVolumes = %+v, %v; want %+v", vols, err, want)
+			}
+		})
+	}
 }

@@ -226,7 +226,8 @@ func (m Manager) checkOurs() error {
 	return errors.Join(errs...)
 }
 
-// maxUnit bounds the unit file installedByUs reads.
+// maxUnit bounds a unit file or drop-in sparsevol reads: the ones it
+// writes hold a few settings.
 const maxUnit = 64 << 10
 
 // installedByUs returns nil if path holds what Install writes there: for
