@@ -412,3 +412,57 @@ func TestHostileValues(t *testing.T) {
 		}
 	}
 }
+
+// TestRBACFollowsSidecars: the ClusterRole grants a sidecar's rules only
+// when the sidecar runs. With csi-snapshotter and csi-resizer off, no
+// snapshot content is written, no pod listed cluster-wide and no claim
+// status patched; csi-provisioner keeps what it reads.
+func TestRBACFollowsSidecars(t *testing.T) {
+	type grant struct{ resource, verb string }
+	sidecars := []grant{
+		{"volumesnapshotclasses", "list"},
+		{"volumesnapshotcontents", "update"},
+		{"volumesnapshotcontents/status", "patch"},
+		{"volumegroupsnapshotcontents", "update"},
+		{"volumegroupsnapshotcontents/status", "patch"},
+		{"pods", "list"},
+		{"persistentvolumeclaims/status", "patch"},
+	}
+	provisioner := []grant{
+		{"volumesnapshots", "get"},
+		{"volumesnapshotcontents", "get"},
+		{"persistentvolumes", "create"},
+	}
+	grants := func(objs objects) map[grant]bool {
+		role, ok := objs["ClusterRole//sparsevol-csi"].(*rbacv1.ClusterRole)
+		if !ok {
+			t.Fatal("no ClusterRole sparsevol-csi")
+		}
+		out := map[grant]bool{}
+		for _, r := range role.Rules {
+			for _, res := range r.Resources {
+				for _, v := range r.Verbs {
+					out[grant{res, v}] = true
+				}
+			}
+		}
+		return out
+	}
+	on := grants(mustRenderChart(t, nil))
+	off := grants(mustRenderChart(t, map[string]any{
+		"snapshotter": map[string]any{"enabled": false}, "resizer": map[string]any{"enabled": false}, "snapshotClasses": false,
+	}))
+	for _, g := range sidecars {
+		if !on[g] {
+			t.Errorf("default chart does not grant %s %s", g.verb, g.resource)
+		}
+		if off[g] {
+			t.Errorf("chart without snapshotter and resizer grants %s %s", g.verb, g.resource)
+		}
+	}
+	for _, g := range provisioner {
+		if !off[g] {
+			t.Errorf("chart without snapshotter and resizer does not grant csi-provisioner %s %s", g.verb, g.resource)
+		}
+	}
+}
