@@ -22,6 +22,11 @@ if [ -L "$override" ] && [ "$(readlink "$override")" = /dev/null ]; then
 	echo "sparsevol: $override is masked: no volume is attached at boot until \`systemctl unmask sparsevol@.service\`" >&2
 elif [ -e "$override" ] && ! grep -q '^ExecStart=/usr/bin/sparsevol ' "$override"; then
 	echo "sparsevol: $override overrides the packaged units and runs another binary;" >&2
-	echo "sparsevol: remove it with \`sparsevol units uninstall\` (enabled volumes stay enabled)" >&2
+	if [ -L "$override" ]; then
+		# `systemctl link`'s, which `units uninstall` leaves alone.
+		echo "sparsevol: it is a link: remove it (rm $override) to use the packaged units (enabled volumes stay enabled)" >&2
+	else
+		echo "sparsevol: remove it with \`sparsevol units uninstall\` (enabled volumes stay enabled)" >&2
+	fi
 fi
 exit 0

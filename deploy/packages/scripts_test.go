@@ -22,12 +22,12 @@ func TestScripts(t *testing.T) {
 	if _, err := os.Stat("/etc/systemd"); err != nil {
 		t.Fatal("/etc/systemd missing: install the Debian package systemd (.ci/run does)")
 	}
-	const keptNotice, masked = "kept the store", "masked"
+	const keptNotice, masked, linked = "kept the store", "masked", "linked"
 	tests := []struct {
 		name, script string
 		args         []string
 		systemd      bool
-		override     string // an /etc/systemd/system/sparsevol@.service, if any; masked: a link to /dev/null
+		override     string // an /etc/systemd/system/sparsevol@.service, if any; masked: a link to /dev/null; linked: a link to another binary's unit
 		wantCalls    []string
 		wantOut      []string
 		notOut       []string
@@ -43,6 +43,8 @@ func TestScripts(t *testing.T) {
 			"ExecStart=/usr/bin/sparsevol --udev-timeout=80s attach %i\n", []string{"daemon-reload"}, nil, []string{"overrides"}},
 		{"install under a masked template", "postinstall.sh", []string{"configure", ""}, true,
 			masked, []string{"daemon-reload"}, []string{"is masked", "systemctl unmask"}, []string{"overrides", "units uninstall"}},
+		{"install under a linked template of another binary", "postinstall.sh", []string{"configure", ""}, true,
+			linked, []string{"daemon-reload"}, []string{"overrides the packaged units", "is a link", "rm /etc/systemd/system/sparsevol@.service"}, []string{"units uninstall"}},
 		{"deb upgrade, old postrm", "postremove.sh", []string{"upgrade", "9.9.9"}, true, "", []string{"daemon-reload"}, nil, []string{keptNotice}},
 		{"deb failed upgrade", "postremove.sh", []string{"failed-upgrade", "9.9.9"}, true, "", []string{"daemon-reload"}, nil, []string{keptNotice}},
 		{"deb remove", "postremove.sh", []string{"remove"}, true, "", []string{"daemon-reload"}, []string{keptNotice, "/var/lib/sparsevol"}, nil},
@@ -65,11 +67,21 @@ func TestScripts(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(bin, "systemctl"), []byte(fake), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			if tt.override == masked {
+			switch tt.override {
+			case masked:
 				if err := os.Symlink("/dev/null", filepath.Join(etc, "system", "sparsevol@.service")); err != nil {
 					t.Fatal(err)
 				}
-			} else if tt.override != "" {
+			case linked:
+				other := filepath.Join(dir, "sparsevol@.service")
+				if err := os.WriteFile(other, []byte("ExecStart=/opt/other/sparsevol attach %i\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Symlink(other, filepath.Join(etc, "system", "sparsevol@.service")); err != nil {
+					t.Fatal(err)
+				}
+			case "":
+			default:
 				if err := os.WriteFile(filepath.Join(etc, "system", "sparsevol@.service"), []byte(tt.override), 0o644); err != nil {
 					t.Fatal(err)
 				}
