@@ -606,7 +606,7 @@ func (s *Store) claimCreating(sn *Snapshot) (func(), error) {
 	}
 	if err != nil {
 		unlock()
-		return nil, fmt.Errorf("snapshot %q was deleted while it was being created (%v); create it again: %w", sn.Name, err, ErrNotReady)
+		return nil, fmt.Errorf("snapshot %q is no longer being created (%v: deleted meanwhile?); create it again: %w", sn.Name, err, ErrNotReady)
 	}
 	return unlock, nil
 }
