@@ -255,7 +255,7 @@ func installedByUs(path string) error {
 	}
 	data, err := fsutil.ReadRegular(path, maxUnit)
 	if err != nil {
-		return fmt.Errorf("%s: %w; it is not a unit sparsevol installs: %w", path, err, volume.ErrExists)
+		return fmt.Errorf("%w; it is not a unit sparsevol installs: %w", err, volume.ErrExists)
 	}
 	for _, u := range shipped {
 		if u.name == filepath.Base(path) {
