@@ -219,7 +219,7 @@ func (d *Driver) DeleteVolumeGroupSnapshot(ctx context.Context, req *csi.DeleteV
 		if err != nil {
 			return nil, err
 		}
-		err = d.deleteSnapshot(ctx, s.UUID)
+		err = d.deleteSnapshot(ctx, s)
 		rel()
 		if err != nil {
 			return nil, err

@@ -150,23 +150,17 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 		return nil, err
 	}
 	defer releaseName()
-	if err := d.deleteSnapshot(ctx, id); err != nil {
+	if err := d.deleteSnapshot(ctx, s); err != nil {
 		return nil, err
 	}
 	return &csi.DeleteSnapshotResponse{}, nil
 }
 
-// deleteSnapshot deletes snapshot id if the driver made it; gone already
-// is success. The caller holds id and the snapshot's snapshotNameKey in
-// busy.
-func (d *Driver) deleteSnapshot(ctx context.Context, id string) error {
-	if _, err := d.lookupSnapshot(ctx, id); err != nil {
-		if errors.Is(err, volume.ErrNotFound) {
-			return nil
-		}
-		return toStatus(err)
-	}
-	if err := d.store.DeleteSnapshot(ctx, id); err != nil && !errors.Is(err, volume.ErrNotFound) {
+// deleteSnapshot deletes s, a snapshot the caller found the driver made
+// (lookupSnapshot, groupMembers); gone already is success. The caller
+// holds s's id and its snapshotNameKey in busy.
+func (d *Driver) deleteSnapshot(ctx context.Context, s *volume.Snapshot) error {
+	if err := d.store.DeleteSnapshot(ctx, s.UUID); err != nil && !errors.Is(err, volume.ErrNotFound) {
 		return toStatus(err)
 	}
 	return nil
