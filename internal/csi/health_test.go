@@ -23,11 +23,11 @@ func TestHealthz(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serveHTTP(ctx, l, e.metrics, check, slog.New(slog.DiscardHandler)) }()
+	go func() { done <- ServeMetrics(ctx, l, e.metrics, check, slog.New(slog.DiscardHandler)) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
-			t.Errorf("serveHTTP: %v", err)
+			t.Errorf("ServeMetrics: %v", err)
 		}
 	})
 	get := func(path string) (int, string) {

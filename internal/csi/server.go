@@ -107,11 +107,6 @@ func ListenMetrics(addr string) (net.Listener, error) {
 // ServeMetrics serves /metrics, and /healthz (health, if not nil) on l, a
 // listener of ListenMetrics, until ctx ends; it closes l.
 func ServeMetrics(ctx context.Context, l net.Listener, m *Metrics, health HealthCheck, log *slog.Logger) error {
-	return serveHTTP(ctx, l, m, health, log)
-}
-
-// serveHTTP serves ServeMetrics' handlers on l until ctx ends; it closes l.
-func serveHTTP(ctx context.Context, l net.Listener, m *Metrics, health HealthCheck, log *slog.Logger) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
 	if health != nil {
