@@ -208,7 +208,7 @@ func readDropIn(path string) (root string, mountsFor []string, err error) {
 // maxUnit bytes (fsutil.ReadRegularFollowing: a FIFO there cannot hold up
 // the generator). A masked unit (a link to /dev/null) holds no settings.
 func readUnitSettings(path string) (root string, mountsFor []string, err error) {
-	if target, err := os.Readlink(path); err == nil && target == "/dev/null" {
+	if masked(path) {
 		return "", nil, nil
 	}
 	data, err := fsutil.ReadRegularFollowing(path, maxUnit)

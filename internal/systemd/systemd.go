@@ -192,7 +192,7 @@ func (m Manager) Uninstall(ctx context.Context) ([]string, error) {
 			err = os.Remove(path)
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("uninstall %s: %w", path, err))
+			errs = append(errs, fmt.Errorf("uninstall: %w", err)) // err names path
 			continue
 		}
 		removed = append(removed, path)
@@ -226,6 +226,13 @@ func (m Manager) checkOurs() error {
 	return errors.Join(errs...)
 }
 
+// masked reports whether the unit file at path is the administrator's
+// mask: `systemctl mask`'s link to /dev/null.
+func masked(path string) bool {
+	target, err := os.Readlink(path)
+	return err == nil && target == "/dev/null"
+}
+
 // maxUnit bounds a unit file or drop-in sparsevol reads: the ones it
 // writes hold a few settings.
 const maxUnit = 64 << 10
@@ -248,7 +255,7 @@ func installedByUs(path string) error {
 		return fmt.Errorf("%s is not the link sparsevol installs; move it aside first: %w", path, volume.ErrExists)
 	}
 	if fi.Mode()&fs.ModeSymlink != 0 {
-		if target, _ := os.Readlink(path); target == "/dev/null" {
+		if masked(path) {
 			return fmt.Errorf("%s is masked; `systemctl unmask %s` first if you mean it: %w", path, filepath.Base(path), volume.ErrExists)
 		}
 		return fmt.Errorf("%s is a link, not a unit sparsevol installs; remove it yourself first if you mean it: %w", path, volume.ErrExists)
