@@ -142,7 +142,9 @@ func TestListenMetrics(t *testing.T) {
 		if l != nil {
 			l.Close()
 		}
-		if tc.ok && err != nil && !strings.Contains(tc.addr, "::1") {
+		// A host without IPv6 cannot listen on [::1], but must still
+		// take the address's form.
+		if tc.ok && err != nil && (errors.Is(err, volume.ErrInvalid) || !strings.Contains(tc.addr, "::1")) {
 			t.Errorf("ListenMetrics(%q): %v", tc.addr, err)
 		}
 		if !tc.ok && (!errors.Is(err, volume.ErrInvalid) || !strings.Contains(err.Error(), "metrics address")) {
