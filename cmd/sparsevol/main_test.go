@@ -586,18 +586,11 @@ func runSteps(t *testing.T, root string, steps []cliStep) {
 // status and limit show them.
 func TestLimitCommand(t *testing.T) {
 	root := newRoot(t)
-	m := t.TempDir()
-	if err := unix.Mount("none", m, "cgroup2", 0, ""); err != nil {
-		t.Fatalf("mount cgroup2: %v", err)
-	}
-	t.Cleanup(func() { unix.Unmount(m, unix.MNT_DETACH) })
-	cg := "sparsevol-test-" + filepath.Base(t.TempDir())
-	t.Cleanup(func() { os.Remove(filepath.Join(m, cg)) })
+	m, cg := testutil.PrivateCgroup2(t)
 	at := []string{"--cgroup-mount", m, "--pods-cgroup", cg}
 	args := func(a ...string) []string { return append(slices.Clone(at), a...) }
 	mustRun(t, root, args("create", "plain", "--size", "8M", "--mode", "block", "--no-partition")...)
-	supported := iolimit.Config{Mount: m, Cgroup: cg}.Supported() == nil
-	if !supported {
+	if testutil.HostLacks(t, testutil.FeatureIOLimits, iolimit.Config{Mount: m, Cgroup: cg}.Supported()) {
 		runSteps(t, root, []cliStep{
 			{args: args("create", "lim", "--size", "8M", "--write-bps", "10M"), code: 1, stderr: []string{"cgroup v2", "io controller"}},
 			{args: args("limit", "plain", "--write-iops", "100"), code: 1, stderr: []string{"cgroup v2"}},

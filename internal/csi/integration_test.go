@@ -17,6 +17,8 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sparsevol/sparsevol/internal/testutil"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -241,7 +243,7 @@ func TestOnlineExpansion(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.fsType == "ext4" && !hasCapSysResource() {
+			if tc.fsType == "ext4" && testutil.HostLacks(t, testutil.FeatureSysResource, testutil.CapSysResource()) {
 				t.Skip(noResourceCapSkip)
 			}
 			ctx := context.Background()

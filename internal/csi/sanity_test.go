@@ -2,8 +2,6 @@ package csi
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -17,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sparsevol/sparsevol/internal/testutil"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
@@ -91,7 +90,7 @@ func TestSanity(t *testing.T) {
 		name, ext4 := c.name, c.params[ParamFSType] == "ext4"
 		Describe(name, func() {
 			BeforeEach(func() {
-				if ext4 && !hasCapSysResource() && strings.Contains(CurrentSpecReport().FullText(), "node-expand is called after node-publish") {
+				if ext4 && testutil.CapSysResource() != nil && strings.Contains(CurrentSpecReport().FullText(), "node-expand is called after node-publish") {
 					Skip(noResourceCapSkip)
 				}
 			})
@@ -159,23 +158,4 @@ func TestSanity(t *testing.T) {
 	if len(tallies) != len(sanityConfigs) {
 		t.Errorf("sanity ran %d configurations, want %d", len(tallies), len(sanityConfigs))
 	}
-}
-
-// hasCapSysResource reports whether CAP_SYS_RESOURCE (bit 24) is in this
-// process's effective capabilities.
-func hasCapSysResource() bool {
-	data, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
-			var caps uint64
-			if _, err := fmt.Sscanf(strings.TrimSpace(v), "%x", &caps); err != nil {
-				return false
-			}
-			return caps&(1<<24) != 0
-		}
-	}
-	return false
 }

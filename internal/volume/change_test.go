@@ -5,12 +5,10 @@ import (
 	"context"
 	"errors"
 	"os"
-	"path/filepath"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/sparsevol/sparsevol/internal/iolimit"
+	"github.com/sparsevol/sparsevol/internal/testutil"
 )
 
 // limitStore opens a store whose limits go to a cgroup of the test's own
@@ -19,15 +17,10 @@ import (
 // reports whether limits can be enforced here.
 func limitStore(t *testing.T) (*Store, iolimit.Config, bool) {
 	t.Helper()
-	m := t.TempDir()
-	if err := unix.Mount("none", m, "cgroup2", 0, ""); err != nil {
-		t.Fatalf("mount cgroup2: %v", err)
-	}
-	t.Cleanup(func() { unix.Unmount(m, unix.MNT_DETACH) })
-	cfg := iolimit.Config{Mount: m, Cgroup: "sparsevol-test-" + filepath.Base(t.TempDir())}
-	t.Cleanup(func() { os.Remove(filepath.Join(m, cfg.Cgroup)) })
+	m, cg := testutil.PrivateCgroup2(t)
+	cfg := iolimit.Config{Mount: m, Cgroup: cg}
 	s := newStore(t, Options{IOLimits: cfg})
-	return s, cfg, cfg.Supported() == nil
+	return s, cfg, !testutil.HostLacks(t, testutil.FeatureIOLimits, cfg.Supported())
 }
 
 func rawAttached(t *testing.T, s *Store, name string) *Volume {
