@@ -741,25 +741,43 @@ func (s *Store) detachRecorded(v *Volume, ids []loop.FileID, opts DetachOptions)
 }
 
 // detachOwn detaches d, a device proven v's; ErrDeferred (wrapped) if the
-// kernel only marked it for detach at its last close.
+// kernel only marked it for detach at its last close. The caller holds v's
+// lock.
+//
+// The device's I/O limits go before the detach, while its number is
+// provably v's: once unbound, the number is free for anyone's bind, and
+// the attach of another volume that takes it sets its own limits there,
+// which a removal after the detach would drop. A detach that leaves the
+// device bound (busy, deferred, failed) puts v's limits back.
 func (s *Store) detachOwn(v *Volume, d *loop.Device) error {
+	s.removeLimits(v, d)
 	err := loop.Detach(d.Path, v.owner(d.Backing))
+	if err == nil && detachedRace != nil {
+		detachedRace(d)
+	}
 	switch {
 	case err == nil, errors.Is(err, loop.ErrNotAttached):
 		s.log.Info("volume detached", "volume", v.Name, "uuid", v.UUID, "device", d.Path)
-		s.removeLimits(v, d)
 		s.noteDetached(v.UUID, d)
 		s.removeIdentity(d)
 		return nil
 	case errors.Is(err, loop.ErrDeferred):
-		// Going away at the opener's last close: no longer published.
+		// Going away at the opener's last close, which still does I/O
+		// through it: limited until then, no longer published.
+		s.restoreLimits(v, d)
 		s.removeIdentity(d)
 		return fmt.Errorf("detach %s: %w", v.Name, err)
 	case errors.Is(err, loop.ErrBusy):
+		s.restoreLimits(v, d)
 		return fmt.Errorf("detach %s: %w: %w", v.Name, ErrBusy, err)
 	}
+	s.restoreLimits(v, d)
 	return fmt.Errorf("detach %s: %w", v.Name, err)
 }
+
+// detachedRace, when a test sets it, runs in detachOwn right after the
+// kernel unbound the device: where another bind may take its number.
+var detachedRace func(d *loop.Device)
 
 // orphaned returns ErrOrphaned if v's backing file is gone while ours (v's
 // devices) still hold its data.

@@ -81,15 +81,28 @@ func (s *Store) applyLimitsOver(v *Volume, dev *loop.Device, entries map[uint64]
 	return nil
 }
 
-// removeLimits drops the io.max entry of a device of v just detached; a
-// failure is logged: the next attach of that device number converges it.
+// removeLimits drops the io.max entry of dev, v's own device about to be
+// detached (see detachOwn); a failure is logged: the next attach of that
+// device number converges it.
 func (s *Store) removeLimits(v *Volume, dev *loop.Device) {
 	n, err := dev.DevT()
 	if err == nil {
 		err = s.opts.IOLimits.Remove(n)
 	}
 	if err != nil {
-		s.log.Warn("I/O limits left on a detached device", "volume", v.Name, "device", dev.Path, "error", err)
+		s.log.Warn("I/O limits left on a device being detached", "volume", v.Name, "device", dev.Path, "error", err)
+	}
+}
+
+// restoreLimits puts v's limits back on dev, v's own device that a detach
+// left bound (see detachOwn); a failure is logged: the device stays
+// unlimited until the next attach or limit change.
+func (s *Store) restoreLimits(v *Volume, dev *loop.Device) {
+	if v.IOLimits.IsZero() {
+		return
+	}
+	if err := s.applyLimits(v, dev); err != nil {
+		s.log.Warn("I/O limits not restored on a device still bound", "volume", v.Name, "device", dev.Path, "error", err)
 	}
 }
 

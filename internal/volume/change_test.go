@@ -5,9 +5,14 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sparsevol/sparsevol/internal/iolimit"
+	"github.com/sparsevol/sparsevol/internal/loop"
 	"github.com/sparsevol/sparsevol/internal/testutil"
 )
 
@@ -180,5 +185,96 @@ func TestLimitsFollowTheDevice(t *testing.T) {
 	}
 	if got, err := cfg.Get(n); err != nil || !got.IsZero() {
 		t.Fatalf("io.max entry after lifting the limits = %+v, %v; want none", got, err)
+	}
+}
+
+// TestDetachLeavesTheNextBindersLimits: once the kernel has unbound a
+// limited volume's device, its number is anyone's; a bind that takes it
+// at once and sets limits of its own keeps them. The detach must not drop
+// them after the fact (it drops its own before the unbind).
+func TestDetachLeavesTheNextBindersLimits(t *testing.T) {
+	s, cfg, ok := limitStore(t)
+	if !ok {
+		t.Skip("no io controller here; the VM suite's guest run has one and runs this")
+	}
+	v := mustCreate(t, s, CreateRequest{Name: "limited", SizeBytes: 16 << 20, Mode: ModeBlock, NoPartition: true,
+		IOLimits: IOLimits{WriteBPS: 10 << 20}, KeepAttached: true})
+	t.Cleanup(func() { s.Detach(v.UUID, DetachOptions{}) })
+	other := filepath.Join(t.TempDir(), "other")
+	if err := os.WriteFile(other, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(other, 8<<20); err != nil {
+		t.Fatal(err)
+	}
+	theirs := IOLimits{ReadIOPS: 123}
+	var n uint64
+	detachedRace = func(d *loop.Device) {
+		detachedRace = nil
+		var err error
+		if n, err = d.DevT(); err != nil {
+			t.Error(err)
+			return
+		}
+		if out, err := exec.Command("losetup", d.Path, other).CombinedOutput(); err != nil {
+			t.Errorf("losetup %s %s: %v: %s", d.Path, other, err, out)
+			return
+		}
+		t.Cleanup(func() { testutil.DetachIfServes(d.Path, other) })
+		if err := cfg.Set(n, theirs); err != nil {
+			t.Error(err)
+		}
+	}
+	t.Cleanup(func() { detachedRace = nil })
+	if err := s.Detach(v.UUID, DetachOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if n == 0 {
+		t.Fatal("the detach never unbound a device")
+	}
+	if got, err := cfg.Get(n); err != nil || got != theirs {
+		t.Errorf("limits of the next binder of the number after the detach = %+v, %v; want %+v", got, err, theirs)
+	}
+}
+
+// TestLimitsStayOnADeviceLeftBound: a detach that leaves the device bound
+// (busy: mounted or held exclusively; deferred: still open) leaves the
+// volume's limits on it, for whoever still does I/O through it.
+func TestLimitsStayOnADeviceLeftBound(t *testing.T) {
+	s, cfg, ok := limitStore(t)
+	if !ok {
+		t.Skip("no io controller here; the VM suite's guest run has one and runs this")
+	}
+	want := IOLimits{WriteBPS: 10 << 20, ReadIOPS: 200}
+	for _, tc := range []struct {
+		name  string
+		flags int
+		err   error
+	}{
+		{"busy", unix.O_RDONLY | unix.O_EXCL, ErrBusy},
+		{"deferred", unix.O_RDONLY, loop.ErrDeferred},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := mustCreate(t, s, CreateRequest{Name: "held-" + tc.name, SizeBytes: 16 << 20, Mode: ModeBlock, NoPartition: true,
+				IOLimits: want, KeepAttached: true})
+			t.Cleanup(func() { s.Detach(v.UUID, DetachOptions{}) })
+			st, err := s.Status(v.UUID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := devNumber(t, s, v.UUID)
+			fd, err := unix.Open(st.Device, tc.flags|unix.O_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = s.Detach(v.UUID, DetachOptions{})
+			if got, gerr := cfg.Get(n); gerr != nil || got != want {
+				t.Errorf("limits of %s after a detach that left it bound = %+v, %v; want %+v", st.Device, got, gerr, want)
+			}
+			unix.Close(fd)
+			if !errors.Is(err, tc.err) {
+				t.Fatalf("Detach while %s = %v, want %v", tc.name, err, tc.err)
+			}
+		})
 	}
 }

@@ -58,7 +58,7 @@ func (s *Store) Recover(ctx context.Context, ref string, opts RecoverOptions) (*
 		for _, d := range ours {
 			// A deferred detach is fine: the old device goes at its
 			// opener's last close, and nothing publishes it any more.
-			if err := loop.Detach(d.Path, v.owner(d.Backing)); err != nil && !errors.Is(err, loop.ErrNotAttached) && !errors.Is(err, loop.ErrDeferred) {
+			if err := s.detachOwn(v, d); err != nil && !errors.Is(err, loop.ErrDeferred) {
 				return fmt.Errorf("recover %s: the data is back in %s, but: %w", v.Name, v.BackingFile, err)
 			}
 		}
