@@ -22,6 +22,9 @@ type Scenario[R any] struct {
 	// placed in the same boot (same name) runs once: a scenario that builds
 	// on another lists the steps it needs from it.
 	Steps []Placed
+	// Before is host work to do before the named boot starts (after the
+	// boot before it ended, if any).
+	Before map[string]func(t *testing.T, r R)
 	// After is host work to do once the named boot ended, before the next.
 	After map[string]func(t *testing.T, r R)
 	// Check decides pass or fail, as the subtest ID.
@@ -168,11 +171,16 @@ func Plan[R any](tl Timeline, scenarios []Scenario[R]) ([]BootSpec, error) {
 
 // Play boots each boot of the plan in order with boot (the suite's: Boot,
 // or a wrapper that reads more of what the guest left) and runs the
-// scenarios' After work for it; it stops at the first boot that failed.
-// Then each scenario's Check runs as a subtest.
+// scenarios' Before and After work around it; it stops at the first boot
+// that failed. Then each scenario's Check runs as a subtest.
 func Play[R any](t *testing.T, r R, plan []BootSpec, scenarios []Scenario[R], boot func(BootSpec) *Result) {
 	t.Helper()
 	for _, spec := range plan {
+		for _, s := range scenarios {
+			if fn := s.Before[spec.Name]; fn != nil {
+				fn(t, r)
+			}
+		}
 		if res := boot(spec); res.Err != nil {
 			break
 		}
