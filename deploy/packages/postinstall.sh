@@ -14,19 +14,10 @@ fi
 
 # Units written by `make install` or `sparsevol units install` override the
 # packaged ones (/etc comes first in systemd's search path) and may run
-# another binary.
-# A link to /dev/null is the administrator's mask (systemctl mask), not
-# units of another binary: it is theirs, and is neither read nor removed.
-override=/etc/systemd/system/sparsevol@.service
-if [ -L "$override" ] && [ "$(readlink "$override")" = /dev/null ]; then
-	echo "sparsevol: $override is masked: no volume is attached at boot until \`systemctl unmask sparsevol@.service\`" >&2
-elif [ -e "$override" ] && ! grep -q '^ExecStart=/usr/bin/sparsevol ' "$override"; then
-	echo "sparsevol: $override overrides the packaged units and runs another binary;" >&2
-	if [ -L "$override" ]; then
-		# `systemctl link`'s, which `units uninstall` leaves alone.
-		echo "sparsevol: it is a link: remove it (rm $override) to use the packaged units (enabled volumes stay enabled)" >&2
-	else
-		echo "sparsevol: remove it with \`sparsevol units uninstall\` (enabled volumes stay enabled)" >&2
-	fi
-fi
+# another binary. The packaged binary says so, and what to do: it reads
+# the template as the rest of sparsevol does (a mask is the administrator's
+# and left unread; a link is followed only to a regular file of a unit's
+# size, so a link to a FIFO or a disk cannot hang or read through this
+# script), and names what `sparsevol units uninstall` would remove.
+/usr/bin/sparsevol units check-override --binary /usr/bin/sparsevol || true
 exit 0

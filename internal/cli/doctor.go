@@ -89,7 +89,18 @@ root being staged (a package or an image) and reloads nothing.`,
 		},
 	}
 	uninstall.Flags().BoolVar(&offline, "offline", false, "remove files only: do not reload systemd (a staged root)")
-	cmd.AddCommand(install, uninstall, &cobra.Command{
+	var packaged string
+	checkOverride := &cobra.Command{
+		Use:    "check-override",
+		Short:  "Fail if a template in --unit-dir overrides the packaged one that runs --binary, saying what to do (the packages' postinst)",
+		Hidden: true,
+		Args:   exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return g.units().CheckOverride(packaged)
+		},
+	}
+	checkOverride.Flags().StringVar(&packaged, "binary", "/usr/bin/sparsevol", "the binary the packaged units run")
+	cmd.AddCommand(install, uninstall, checkOverride, &cobra.Command{
 		Use:    "generate NORMAL_DIR [EARLY_DIR LATE_DIR]",
 		Short:  "Act as systemd generator (what " + systemd.GeneratorName + " runs)",
 		Hidden: true,

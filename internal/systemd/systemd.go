@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	systemdunit "github.com/sparsevol/sparsevol/deploy/systemd"
@@ -109,14 +110,7 @@ func renderLine(line, binary, root string) string {
 	}
 	switch key {
 	case "ExecStart", "ExecStop":
-		// Exec prefixes ("-", "@", "+", "!", ":") come before the path.
-		exe := strings.TrimLeft(value, "-@+!:")
-		prefix := value[:len(value)-len(exe)]
-		args := ""
-		if i := strings.IndexByte(exe, ' '); i >= 0 {
-			exe, args = exe[:i], exe[i:]
-		}
-		if exe == defaultBinary {
+		if prefix, exe, args := execLine(value); exe == defaultBinary {
 			value = prefix + binary + args
 		}
 	case "RequiresMountsFor":
@@ -136,6 +130,18 @@ func renderLine(line, binary, root string) string {
 		value += "\n"
 	}
 	return key + "=" + value
+}
+
+// execLine splits the value of an ExecStart= or ExecStop= setting into
+// its prefixes ("-", "@", "+", "!", ":", which come before the path), its
+// executable, and its arguments (with their leading space).
+func execLine(value string) (prefix, exe, args string) {
+	exe = strings.TrimLeft(value, "-@+!:")
+	prefix = value[:len(value)-len(exe)]
+	if i := strings.IndexByte(exe, ' '); i >= 0 {
+		exe, args = exe[:i], exe[i:]
+	}
+	return prefix, exe, args
 }
 
 // generatorDir is the administrator's generator directory next to the
@@ -288,6 +294,71 @@ func (m Manager) Installed() bool {
 		}
 	}
 	return false
+}
+
+// CheckOverride checks the template in Dir, which systemd loads before a
+// package's (VendorUnitDirs), against the packaged one, which runs
+// binary. It returns nil if Dir has none, or if every ExecStart= and
+// ExecStop= of Dir's runs binary; else an error that says what is there
+// and what to do to use the packaged units: a mask is the administrator's
+// and only named; what Uninstall removes (installedByUs) is left to it; a
+// link is to be removed, anything else moved aside. Only a regular file
+// of at most maxUnit bytes is read, a link followed to it as systemd
+// follows `systemctl link`'s (fsutil.ReadRegularFollowing): a FIFO, a
+// device or a directory there, or a link to one, is reported unread. The
+// packages' postinst runs it (`sparsevol units check-override`).
+func (m Manager) CheckOverride(binary string) error {
+	path := filepath.Join(m.dir(), TemplateName)
+	fi, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if masked(path) {
+		return fmt.Errorf("%s is masked: no volume is attached at boot until `systemctl unmask %s`", path, TemplateName)
+	}
+	var what string
+	data, err := fsutil.ReadRegularFollowing(path, maxUnit)
+	if err != nil {
+		what = fmt.Sprintf("cannot be read as a unit (%v)", err)
+	} else {
+		exes, others := unitExecutables(data), []string(nil)
+		for _, exe := range exes {
+			if exe != binary && !slices.Contains(others, volume.Quote(exe)) {
+				others = append(others, volume.Quote(exe))
+			}
+		}
+		switch {
+		case len(others) > 0:
+			what = fmt.Sprintf("runs %s, not %s", strings.Join(others, " and "), binary)
+		case len(exes) == 0:
+			what = "runs nothing (no ExecStart=)"
+		default:
+			return nil
+		}
+	}
+	const keep = "to use the packaged units (enabled volumes stay enabled)"
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return fmt.Errorf("%s overrides the packaged units and %s; it is a link: remove it (rm %s) %s", path, what, path, keep)
+	case installedByUs(path) == nil:
+		return fmt.Errorf("%s overrides the packaged units and %s; remove it with `sparsevol units uninstall` %s", path, what, keep)
+	}
+	return fmt.Errorf("%s overrides the packaged units and %s; it is not a unit sparsevol installs: move it out of %s %s", path, what, m.dir(), keep)
+}
+
+// unitExecutables lists the executables of the ExecStart= and ExecStop=
+// settings of a unit's text (execLine), an empty setting left out.
+func unitExecutables(unit []byte) []string {
+	var exes []string
+	for _, line := range strings.Split(string(unit), "\n") {
+		key, value, ok := strings.Cut(strings.TrimSpace(line), "=")
+		if !ok || (key != "ExecStart" && key != "ExecStop") || strings.TrimSpace(value) == "" {
+			continue
+		}
+		_, exe, _ := execLine(strings.TrimSpace(value))
+		exes = append(exes, exe)
+	}
+	return exes
 }
 
 // DropInPath is the per-volume drop-in that points an instance at a store

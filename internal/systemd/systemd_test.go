@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	systemdunit "github.com/sparsevol/sparsevol/deploy/systemd"
 )
 
@@ -124,5 +126,99 @@ func TestUnitsVerify(t *testing.T) {
 	}
 	if err != nil || len(ours) > 0 {
 		t.Fatalf("systemd-analyze %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// TestCheckOverride: a template in the unit directory passes only where
+// it runs the packaged binary in every ExecStart= and ExecStop=; else the
+// error names what to do with what is there, and a FIFO, even behind a
+// link, is reported without waiting for a writer.
+func TestCheckOverride(t *testing.T) {
+	const pkgBin = "/usr/bin/sparsevol"
+	tests := []struct {
+		name    string
+		plant   func(t *testing.T, dir, path string)
+		want    []string // in the error; none: no error
+		notWant []string
+	}{
+		{"none", func(t *testing.T, dir, path string) {}, nil, nil},
+		{"installed for the packaged binary", func(t *testing.T, dir, path string) {
+			write(t, path, render(systemdunit.Template, pkgBin, ""))
+		}, nil, nil},
+		{"installed for another binary", func(t *testing.T, dir, path string) {
+			write(t, path, render(systemdunit.Template, "/usr/local/bin/sparsevol", ""))
+		}, []string{`runs "/usr/local/bin/sparsevol", not /usr/bin/sparsevol`, "sparsevol units uninstall"}, []string{"is a link", "move it out"}},
+		{"another binary's ExecStop only", func(t *testing.T, dir, path string) {
+			write(t, path, strings.Replace(render(systemdunit.Template, pkgBin, ""), "ExecStop="+pkgBin, "ExecStop=/opt/x", 1))
+		}, []string{`runs "/opt/x"`, "sparsevol units uninstall"}, nil},
+		{"operator's unit without ExecStart", func(t *testing.T, dir, path string) {
+			write(t, path, "[Unit]\nDescription=mine\n")
+		}, []string{"runs nothing", "not a unit sparsevol installs", "move it out of"}, []string{"units uninstall"}},
+		{"masked", func(t *testing.T, dir, path string) {
+			link(t, "/dev/null", path)
+		}, []string{"is masked", "systemctl unmask " + TemplateName}, []string{"overrides", "rm "}},
+		{"linked unit of the packaged binary", func(t *testing.T, dir, path string) {
+			write(t, filepath.Join(dir, "..", "unit"), "ExecStart=-"+pkgBin+" attach %i\n")
+			link(t, filepath.Join(dir, "..", "unit"), path)
+		}, nil, nil},
+		{"dangling link", func(t *testing.T, dir, path string) {
+			link(t, filepath.Join(dir, "..", "gone"), path)
+		}, []string{"cannot be read", "is a link", "rm "}, nil},
+		{"link to a FIFO", func(t *testing.T, dir, path string) {
+			fifo := filepath.Join(dir, "..", "fifo")
+			if err := unix.Mkfifo(fifo, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			link(t, fifo, path)
+		}, []string{"cannot be read", "not a regular file", "is a link", "rm "}, []string{"units uninstall"}},
+		{"directory", func(t *testing.T, dir, path string) {
+			if err := os.Mkdir(path, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}, []string{"cannot be read", "not a unit sparsevol installs"}, []string{"units uninstall"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := Manager{Dir: filepath.Join(t.TempDir(), "etc", "systemd", "system")}
+			if err := os.MkdirAll(m.Dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(m.Dir, TemplateName)
+			tt.plant(t, m.Dir, path)
+			err := m.CheckOverride(pkgBin)
+			if len(tt.want) == 0 {
+				if err != nil {
+					t.Fatalf("CheckOverride = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("CheckOverride = nil, want an error")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("CheckOverride = %v, want it to say %q", err, w)
+				}
+			}
+			for _, w := range tt.notWant {
+				if strings.Contains(err.Error(), w) {
+					t.Errorf("CheckOverride = %v, want it not to say %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func write(t *testing.T, path, text string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func link(t *testing.T, target, path string) {
+	t.Helper()
+	if err := os.Symlink(target, path); err != nil {
+		t.Fatal(err)
 	}
 }
