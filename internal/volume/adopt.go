@@ -164,7 +164,7 @@ func (s *Store) probeForAdoption(ctx context.Context, path, dir string) (*candid
 	if dir != "" {
 		rel, err := filepath.Rel(dir, abs)
 		if err != nil || rel == ".." || strings.HasPrefix(rel, "../") || filepath.IsAbs(rel) {
-			return nil, fmt.Errorf("%s lies outside %s: %w", Shown(abs), Shown(dir), ErrInvalid)
+			return nil, fmt.Errorf("lies outside %s: %w", Shown(dir), ErrInvalid)
 		}
 	}
 	// The directory is resolved once, following the links in the path the
@@ -194,7 +194,7 @@ func (s *Store) probeForAdoption(ctx context.Context, path, dir string) (*candid
 	fd, err := unix.Openat(parent, base, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		unix.Close(parent)
-		return nil, fmt.Errorf("open %s: %w: %w", Shown(abs), err, ErrInvalid)
+		return nil, fmt.Errorf("open: %w: %w", err, ErrInvalid)
 	}
 	c := &candidate{path: abs, parent: parent, base: base, fd: fd}
 	v, err := s.checkCandidate(ctx, c)
@@ -210,29 +210,29 @@ func (s *Store) probeForAdoption(ctx context.Context, path, dir string) (*candid
 func (s *Store) checkCandidate(ctx context.Context, c *candidate) (*Volume, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(c.fd, &st); err != nil {
-		return nil, fmt.Errorf("stat %s: %w", Shown(c.path), err)
+		return nil, fmt.Errorf("stat: %w", err)
 	}
 	c.id = loop.FileID{Dev: st.Dev, Inode: st.Ino}
 	switch {
 	case st.Mode&unix.S_IFMT == unix.S_IFLNK:
-		return nil, fmt.Errorf("%s is a symbolic link; adopt the file itself: %w", Shown(c.path), ErrInvalid)
+		return nil, fmt.Errorf("a symbolic link; adopt the file itself: %w", ErrInvalid)
 	case st.Mode&unix.S_IFMT != unix.S_IFREG:
-		return nil, fmt.Errorf("%s is not a regular file: %w", Shown(c.path), ErrInvalid)
+		return nil, fmt.Errorf("not a regular file: %w", ErrInvalid)
 	case st.Nlink != 1:
-		return nil, fmt.Errorf("%s has %d links; a volume's file has one (find the others with `find / -xdev -samefile %s`): %w", Shown(c.path), st.Nlink, Shown(c.path), ErrInvalid)
+		return nil, fmt.Errorf("%d links; a volume's file has one (find the others with `find / -xdev -samefile %s`): %w", st.Nlink, Shown(c.path), ErrInvalid)
 	case st.Dev != s.dir.dev:
-		return nil, fmt.Errorf("%s is not on the store's filesystem, and adopt moves files by rename, never copying; adopt it into a store on its own filesystem (`sparsevol --root %s adopt ...`): %w",
-			Shown(c.path), Shown(filepath.Dir(c.path)), ErrInvalid)
+		return nil, fmt.Errorf("not on the store's filesystem, and adopt moves files by rename, never copying; adopt it into a store on its own filesystem (`sparsevol --root %s adopt ...`): %w",
+			Shown(filepath.Dir(c.path)), ErrInvalid)
 	case st.Size < MiB || st.Size%512 != 0:
-		return nil, fmt.Errorf("%s (%d bytes) is not a sparse volume: size not a multiple of 512 or below 1 MiB: %w", Shown(c.path), st.Size, ErrInvalid)
+		return nil, fmt.Errorf("%d bytes, not a sparse volume: size not a multiple of 512 or below 1 MiB: %w", st.Size, ErrInvalid)
 	}
 	bound, err := loop.Bound(c.id)
 	if err != nil {
 		return nil, err
 	}
 	if devs := bound[c.id]; len(devs) > 0 {
-		return nil, fmt.Errorf("%s is bound to %s (tag %q); stop what uses it and detach it first (`losetup -d %s`): %w",
-			Shown(c.path), devs[0].Path, devs[0].Tag, devs[0].Path, ErrInvalid)
+		return nil, fmt.Errorf("bound to %s (tag %q); stop what uses it and detach it first (`losetup -d %s`): %w",
+			devs[0].Path, devs[0].Tag, devs[0].Path, ErrInvalid)
 	}
 	v := &Volume{
 		Name:      filepath.Base(c.path),
@@ -248,7 +248,7 @@ func (s *Store) checkCandidate(ctx context.Context, c *candidate) (*Volume, erro
 	probePath := "/proc/" + strconv.Itoa(os.Getpid()) + "/fd/" + strconv.Itoa(c.fd)
 	found, err := s.probe(ctx, probePath)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w: %w", Shown(c.path), err, ErrInvalid)
+		return nil, fmt.Errorf("%w: %w", err, ErrInvalid)
 	}
 	switch {
 	case found.Type == "ext4" || found.Type == "xfs":
@@ -256,14 +256,14 @@ func (s *Store) checkCandidate(ctx context.Context, c *candidate) (*Volume, erro
 	case found.PTType == "gpt":
 		guid, err := s.singlePartitionGUID(ctx, probePath)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", Shown(c.path), err)
+			return nil, err
 		}
 		v.Mode, v.Partitioned, v.UUID = ModeBlock, true, guid
 	default:
-		return nil, fmt.Errorf("%s is not a sparse volume: %s found, not ext4, xfs or GPT: %w", Shown(c.path), found, ErrInvalid)
+		return nil, fmt.Errorf("not a sparse volume: %s found, not ext4, xfs or GPT: %w", found, ErrInvalid)
 	}
 	if !ValidUUID(v.UUID) {
-		return nil, fmt.Errorf("%s: on-disk UUID %s is not a UUID: %w", Shown(c.path), Quote(v.UUID), ErrInvalid)
+		return nil, fmt.Errorf("on-disk UUID %s is not a UUID: %w", Quote(v.UUID), ErrInvalid)
 	}
 	if ValidateName(v.Name) != nil {
 		v.Name = adoptedName(v.UUID)
@@ -279,8 +279,8 @@ func foreignStore(parent int, dirPath, base string) error {
 	var st unix.Stat_t
 	for _, mark := range []string{lockDir, base + metaExt} {
 		if err := unix.Fstatat(parent, mark, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil {
-			return fmt.Errorf("%s belongs to the sparsevol store %s (it has %s); manage it there with --root %s: %w",
-				Shown(filepath.Join(dirPath, base)), Shown(dirPath), mark, Shown(dirPath), ErrInvalid)
+			return fmt.Errorf("belongs to the sparsevol store %s (it has %s); manage it there with --root %s: %w",
+				Shown(dirPath), mark, Shown(dirPath), ErrInvalid)
 		}
 	}
 	return nil
@@ -333,7 +333,7 @@ func (s *Store) singlePartitionGUID(ctx context.Context, path string) (string, e
 		return "", fmt.Errorf("%w: %w", err, ErrInvalid)
 	}
 	if n := len(table.Partitions); n != 1 {
-		return "", fmt.Errorf("%s has %d partitions, a sparse block volume has exactly one: %w", path, n, ErrInvalid)
+		return "", fmt.Errorf("%d partitions, a sparse block volume has exactly one: %w", n, ErrInvalid)
 	}
 	return strings.ToLower(table.Partitions[0].UUID), nil
 }
