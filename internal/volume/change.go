@@ -95,12 +95,20 @@ func (s *Store) removeLimits(v *Volume, dev *loop.Device) {
 }
 
 // restoreLimits puts v's limits back on dev, v's own device that a detach
-// left bound (see detachOwn); a failure is logged: the device stays
-// unlimited until the next attach or limit change.
+// left bound (see detachOwn), while it holds the device proven v's: a
+// deferred detach's device goes at its last close, and its number may be
+// another volume's by then, which keeps its own limits. A failure is
+// logged: the device stays unlimited until the next attach or limit
+// change.
 func (s *Store) restoreLimits(v *Volume, dev *loop.Device) {
 	if v.IOLimits.IsZero() {
 		return
 	}
+	held, err := loop.Hold(dev.Path, v.owner(dev.Backing))
+	if err != nil {
+		return // no longer v's: nothing of v's to limit
+	}
+	defer held.Close()
 	if err := s.applyLimits(v, dev); err != nil {
 		s.log.Warn("I/O limits not restored on a device still bound", "volume", v.Name, "device", dev.Path, "error", err)
 	}
