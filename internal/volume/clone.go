@@ -269,15 +269,19 @@ func (s *Store) copyFromVolume(ctx context.Context, dst int, src *source, progre
 	return q.release()
 }
 
-// finishCopy gives the copy on dev (v's device, bound by the caller, who
-// holds v's lock) v's identity, then grows file, device, partition and
-// filesystem to v's size where it is larger than the source's.
+// finishCopy proves what the copy on dev (v's device, bound by the
+// caller, who holds v's lock) holds (checkCopy), gives it v's identity,
+// then grows file, device, partition and filesystem to v's size where it
+// is larger than the source's.
 func (s *Store) finishCopy(ctx context.Context, v *Volume, dev *loop.Device, src *source) error {
 	held, err := loop.Hold(dev.Path, v.owner(dev.Backing))
 	if err != nil {
 		return fmt.Errorf("copy %s: %w", v.Name, err)
 	}
+	// What the copy holds is proven before any tool sees it.
+	err = s.checkCopy(ctx, v, dev.Path, src.sizeBytes)
 	switch {
+	case err != nil:
 	case !src.keepIdentity:
 		err = s.newIdentity(ctx, v, held.Device)
 	case v.Mode == ModeFilesystem || v.Partitioned:

@@ -14,8 +14,46 @@ import (
 // tune2fs -U, XFS xfs_admin -U) or the GPT partition GUID (and a new disk
 // GUID). A whole-device raw volume carries no identity on disk.
 
+// checkCopy proves that the copy on path (v's device, bound at size
+// bytes, the source's) holds what its source's record says, before any
+// tool reads or writes it (newIdentity, checkIdentity, a mount): a
+// filesystem of v's type whose superblock claims no more than size
+// bytes, or a GPT for a partitioned volume. A copy's content is not its
+// record's: a stream is forged by whoever sends it, a snapshot of a block
+// volume holds what its pod wrote. Only blkid, the prober, and the
+// superblock reader of this process look at it first. Anything else is
+// ErrMismatch, naming what the copy holds. A whole-device raw volume
+// holds nothing a tool runs on.
+func (s *Store) checkCopy(ctx context.Context, v *Volume, path string, size int64) error {
+	if v.Mode == ModeBlock && !v.Partitioned {
+		return nil
+	}
+	found, err := s.probe(ctx, path)
+	if err != nil {
+		return fmt.Errorf("check the copy for %s: %w", v.Name, err)
+	}
+	const use = "a damaged or forged stream or snapshot; use another"
+	if v.Mode == ModeBlock {
+		if found.PTType != "gpt" {
+			return fmt.Errorf("check the copy for %s: it holds %s, not the GPT its source names (%s): %w", v.Name, found, use, ErrMismatch)
+		}
+		return nil
+	}
+	if found.Type != v.FSType {
+		return fmt.Errorf("check the copy for %s: it holds %s, not the %s its source names (%s): %w", v.Name, found, v.FSType, use, ErrMismatch)
+	}
+	if n, ok := fsBytes(path, v.FSType); !ok || n > size {
+		claim := "a size no kernel mounts"
+		if ok {
+			claim = FormatSize(n)
+		}
+		return fmt.Errorf("check the copy for %s: its %s superblock claims %s, the copy has %s (%s): %w", v.Name, v.FSType, claim, FormatSize(size), use, ErrMismatch)
+	}
+	return nil
+}
+
 // newIdentity gives the copy on dev (v's, held by the caller, who
-// holds v's lock; nothing mounts it) v's UUID. ext4 is checked first
+// holds v's lock; nothing mounts it; checkCopy proved it) v's UUID. ext4 is checked first
 // (e2fsck -f -p replays the journal of a copy of a frozen or running
 // filesystem, and tune2fs -U wants a checked one); XFS is mounted once,
 // privately and with nouuid (the source may be mounted), to replay its
@@ -43,11 +81,6 @@ func (s *Store) newIdentity(ctx context.Context, v *Volume, dev *loop.Device) er
 		return nil // a whole-device raw volume has no identity
 	}
 	if err != nil {
-		// The tools' own errors do not say that the copy holds another
-		// filesystem than its record names (a forged or damaged stream).
-		if found, perr := s.probe(ctx, device); perr == nil && v.Mode == ModeFilesystem && found.Type != v.FSType {
-			return fmt.Errorf("new identity for %s: the copy holds %s, not the %s its source names (a damaged or forged stream or snapshot; use another): %w", v.Name, found, v.FSType, ErrMismatch)
-		}
 		return fmt.Errorf("new identity for %s: %w", v.Name, err)
 	}
 	return s.checkIdentity(ctx, v, device)

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -214,4 +216,72 @@ func TestReadStreamRefusalShowsHeaderBounded(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestImportProvesContentFirst: an import whose content is not what its
+// header claims (a filesystem whose superblock claims more than the
+// stream's size, other content than the header's layout) is refused as
+// ErrMismatch before e2fsck, a mount or sgdisk sees it, with its UUID
+// kept or not, and nothing is left.
+func TestImportProvesContentFirst(t *testing.T) {
+	ctx := context.Background()
+	uuid := "0b9d5a10-8c5e-4a57-b1a3-7f3e9c2d4e62"
+	tests := []struct {
+		name     string
+		header   StreamHeader
+		imgSize  int64 // the image made, then cut to header.SizeBytes
+		mkfs     []string
+		keepUUID bool
+		want     string
+	}{
+		{"ext4 larger than the stream", StreamHeader{SizeBytes: 64 << 20, Mode: ModeFilesystem, FSType: "ext4"}, 128 << 20, []string{"mkfs.ext4", "-q", "-F", "-U", uuid}, false, "claims 128Mi"},
+		{"ext4 larger than the stream, uuid kept", StreamHeader{SizeBytes: 64 << 20, Mode: ModeFilesystem, FSType: "ext4"}, 128 << 20, []string{"mkfs.ext4", "-q", "-F", "-U", uuid}, true, "claims 128Mi"},
+		{"xfs larger than the stream", StreamHeader{SizeBytes: 320 << 20, Mode: ModeFilesystem, FSType: "xfs"}, 640 << 20, []string{"mkfs.xfs", "-q", "-f", "-m", "uuid=" + uuid}, false, "claims 640Mi"},
+		{"xfs larger than the stream, uuid kept", StreamHeader{SizeBytes: 320 << 20, Mode: ModeFilesystem, FSType: "xfs"}, 640 << 20, []string{"mkfs.xfs", "-q", "-f", "-m", "uuid=" + uuid}, true, "claims 640Mi"},
+		{"partitioned, holding ext4", StreamHeader{SizeBytes: 64 << 20, Mode: ModeBlock, Partitioned: true}, 64 << 20, []string{"mkfs.ext4", "-q", "-F", "-U", uuid}, false, "holds ext4"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newStore(t, Options{})
+			img := filepath.Join(t.TempDir(), "img")
+			if err := os.WriteFile(img, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(img, tt.imgSize); err != nil {
+				t.Fatal(err)
+			}
+			run(t, tt.mkfs[0], append(tt.mkfs[1:], img)...)
+			if err := os.Truncate(img, tt.header.SizeBytes); err != nil {
+				t.Fatal(err)
+			}
+			h := tt.header
+			h.Name, h.UUID = "v", uuid
+			v, err := s.Import(ctx, streamOfImage(t, img, &h), ImportRequest{Name: "forged", KeepUUID: tt.keepUUID})
+			if !errors.Is(err, ErrMismatch) || !strings.Contains(fmt.Sprint(err), tt.want) {
+				t.Errorf("import = %+v, %v; want ErrMismatch saying %q", v != nil, err, tt.want)
+			}
+			if after, err := s.List(); err != nil || len(after) != 0 {
+				t.Errorf("volumes after the refused import: %d (%v), want none", len(after), err)
+			}
+			if files, _ := os.ReadDir(s.root); len(files) > 1 { // the lock directory
+				t.Errorf("files left in the store: %v", files)
+			}
+		})
+	}
+}
+
+// streamOfImage returns the stream of the image file at path under the
+// header h: a stream forged from content someone made.
+func streamOfImage(t *testing.T, path string, h *StreamHeader) *bytes.Buffer {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var b bytes.Buffer
+	if err := writeFile(context.Background(), &b, h, int(f.Fd()), nil); err != nil {
+		t.Fatal(err)
+	}
+	return &b
 }

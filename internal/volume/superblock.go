@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"math"
 	"os"
 	"sync"
 
@@ -58,9 +59,61 @@ func PanicsOnError(path string) bool {
 	return le.Uint16(sb[extMagicOff:]) == extMagic && le.Uint16(sb[extErrorsOff:]) == extErrorsPanic
 }
 
+// fsBytes returns the size the fsType filesystem at path (a device or a
+// file) claims in its superblock, its block count times its block size,
+// read in process with no tool: false where path holds no superblock of
+// fsType or one whose block size the kernel would not mount. Nothing is
+// verified but those fields (a checksum proves nothing of a forged
+// superblock): it bounds the filesystem a copy holds before tools see it.
+// A size beyond int64 is math.MaxInt64.
+func fsBytes(path, fsType string) (int64, bool) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	buf := make([]byte, 2048)
+	if _, err := f.ReadAt(buf, 0); err != nil {
+		return 0, false
+	}
+	var blocks, blockSize uint64
+	switch fsType {
+	case "ext4":
+		le, sb := binary.LittleEndian, buf[1024:]
+		if le.Uint16(sb[extMagicOff:]) != extMagic || le.Uint32(sb[extLogBlockOff:]) > extMaxLogBlock {
+			return 0, false
+		}
+		blockSize = 1024 << le.Uint32(sb[extLogBlockOff:])
+		blocks = uint64(le.Uint32(sb[extBlocksOff:]))
+		if le.Uint32(sb[extIncompatOff:])&ext64Bit != 0 {
+			blocks |= uint64(le.Uint32(sb[extBlocksHiOff:])) << 32
+		}
+	case "xfs":
+		be := binary.BigEndian
+		if string(buf[:4]) != "XFSB" {
+			return 0, false
+		}
+		blockSize, blocks = uint64(be.Uint32(buf[xfsBlockSizeOff:])), be.Uint64(buf[xfsDBlocksOff:])
+		if blockSize < 512 || blockSize > 65536 || blockSize&(blockSize-1) != 0 {
+			return 0, false
+		}
+	default:
+		return 0, false
+	}
+	if blocks > math.MaxInt64/blockSize {
+		return math.MaxInt64, true
+	}
+	return int64(blocks * blockSize), true
+}
+
 // ext4 superblock fields (offsets into the superblock, 1 KiB in) and
 // the feature bits blkid tells ext2, ext3, ext4 and journals apart by.
 const (
+	extBlocksOff    = 0x04 // s_blocks_count_lo
+	extLogBlockOff  = 0x18 // s_log_block_size: 1 KiB shifted left by it
+	extMaxLogBlock  = 6    // 64 KiB, the largest block size ext4 has
+	extBlocksHiOff  = 0x150
+	ext64Bit        = 0x0080 // incompat: s_blocks_count_hi counts
 	extMagicOff     = 0x38
 	extErrorsOff    = 0x3c // s_errors: 1 continue, 2 remount-ro, 3 panic
 	extErrorsPanic  = 3
@@ -108,11 +161,13 @@ func ext4Superblock(sb []byte) Found {
 
 // XFS superblock fields (offsets from the start of the device).
 const (
-	xfsUUIDOff     = 32
-	xfsVersionOff  = 100
-	xfsSectSizeOff = 102
-	xfsCRCOff      = 224
-	xfsVersion5    = 5 // the low bits of sb_versionnum: v5, with checksums
+	xfsBlockSizeOff = 4 // sb_blocksize
+	xfsDBlocksOff   = 8 // sb_dblocks: the data section's blocks
+	xfsUUIDOff      = 32
+	xfsVersionOff   = 100
+	xfsSectSizeOff  = 102
+	xfsCRCOff       = 224
+	xfsVersion5     = 5 // the low bits of sb_versionnum: v5, with checksums
 )
 
 // xfsSuperblock checks the XFS superblock at the start of buf (4 KiB read
