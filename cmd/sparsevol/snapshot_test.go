@@ -191,16 +191,83 @@ func exportToTerminal(t *testing.T, root, ref string) result {
 		t.Fatal(err)
 	}
 	defer pts.Close()
+	return exportTo(t, root, ref, pts)
+}
+
+// exportTo runs export with out as stdout.
+func exportTo(t *testing.T, root, ref string, out *os.File) result {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "--root", root, "export", ref)
 	cmd.Env = append(os.Environ(), asCLI+"=1")
 	var stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = pts, &stderr
-	err = cmd.Run()
+	cmd.Stdout, cmd.Stderr = out, &stderr
+	err := cmd.Run()
 	r := result{stderr: stderr.String()}
 	if ee, ok := err.(*exec.ExitError); ok {
 		r.code = ee.ExitCode()
 	}
 	return r
+}
+
+// TestExportRefusesStoreFileAsStdout: export whose stdout is a file of
+// the store (the exported volume's own backing file, opened without
+// truncation as `1<>` or `>>` do, another volume's, a snapshot's, a
+// record) exits 2 and leaves the file as it was.
+func TestExportRefusesStoreFileAsStdout(t *testing.T) {
+	root := newRoot(t)
+	uuid := strings.TrimSpace(mustRun(t, root, "create", "v", "--size", "8M", "--mode", "block", "--no-partition", "--no-start"))
+	other := strings.TrimSpace(mustRun(t, root, "create", "w", "--size", "8M", "--mode", "block", "--no-partition", "--no-start"))
+	snap := strings.TrimSpace(mustRun(t, root, "snapshot", "create", "v", "s"))
+	backing := filepath.Join(root, uuid)
+	f, err := os.OpenFile(backing, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(bytes.Repeat([]byte{7}, 1<<20), 0); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	tests := []struct {
+		name, ref, path string
+		flag            int
+	}{
+		{"own backing file", "v", backing, os.O_RDWR},
+		{"own backing file, appended", "v", backing, os.O_WRONLY | os.O_APPEND},
+		{"another volume's file", "v", filepath.Join(root, other), os.O_RDWR},
+		{"a record", "v", filepath.Join(root, uuid+".json"), os.O_WRONLY | os.O_APPEND},
+		{"the snapshot's own file", "s", filepath.Join(root, ".snapshots", snap), os.O_RDWR},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before, err := os.ReadFile(tt.path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := os.OpenFile(tt.path, tt.flag, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer out.Close()
+			r := exportTo(t, root, tt.ref, out)
+			if r.code != 2 || !strings.Contains(r.stderr, "file of the store") {
+				t.Errorf("export %s into %s: exit %d, want 2 naming the store's file: %s", tt.ref, tt.path, r.code, r.stderr)
+			}
+			if after, err := os.ReadFile(tt.path); err != nil || !bytes.Equal(after, before) {
+				t.Errorf("%s changed: %d bytes, were %d (%v)", tt.path, len(after), len(before), err)
+			}
+		})
+	}
+	// A file elsewhere on the store's filesystem is fine.
+	out, err := os.Create(filepath.Join(t.TempDir(), "v.svs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	if r := exportTo(t, root, "v", out); r.code != 0 {
+		t.Errorf("export into a file outside the store: exit %d: %s", r.code, r.stderr)
+	}
+	mustRun(t, root, "snapshot", "delete", "s")
+	mustRun(t, root, "delete", "v", "w")
 }
 
 // hostileStreams derives broken streams from a good one.

@@ -20,8 +20,9 @@ to stdout as a sparse stream: a header with size, mode and filesystem, the
 data extents with their offsets (never the holes), and a CRC-32C checksum.
 ` + "`sparsevol import`" + ` reads it on this or another node. A volume is
 exported only while nothing uses it; for a volume in use, take a snapshot
-and export that. Refuses a terminal as stdout. Shows progress when stderr
-is a terminal.`,
+and export that. Refuses a terminal as stdout, and a file of the store
+(which the stream would overwrite). Shows progress when stderr is a
+terminal.`,
 		Example: `  sparsevol export data | ssh node2 sparsevol import data
   sparsevol snapshot create data nightly && sparsevol export nightly | zstd > /backup/data.svs.zst
   zstd -dc /backup/data.svs.zst | sparsevol import data-restored`,
@@ -36,6 +37,9 @@ is a terminal.`,
 			}
 			s, err := g.store()
 			if err != nil {
+				return err
+			}
+			if err := s.CheckStreamTarget(os.Stdout); err != nil {
 				return err
 			}
 			var opts volume.StreamOptions

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -96,6 +97,50 @@ func (s *Store) exportSnapshot(ctx context.Context, sn *Snapshot, w io.Writer, o
 		return nil, fmt.Errorf("export %s: %w", sn.Name, err)
 	}
 	return h, nil
+}
+
+// CheckStreamTarget refuses, with ErrInvalid, the open file f as the
+// place a stream is written to where it is a file of the store: a
+// volume's backing file (the one exported, too), a snapshot's file or a
+// record, which the stream would overwrite or be appended to (`export v
+// 1<>FILE`, `>>FILE`) while export reports success. Only a regular file
+// on the store's filesystem is looked for, among the store's files
+// (links not followed, other filesystems not entered); pipes, terminals
+// and files elsewhere pass. The export command calls it on its stdout
+// before Export.
+func (s *Store) CheckStreamTarget(f *os.File) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return fmt.Errorf("check where the stream goes: stat %s: %w", Shown(f.Name()), err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Dev != s.dir.dev {
+		return nil
+	}
+	found := ""
+	walkErr := filepath.WalkDir(s.root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		var lst unix.Stat_t
+		if err := unix.Lstat(path, &lst); err != nil {
+			return err
+		}
+		switch {
+		case lst.Dev != st.Dev && d.IsDir():
+			return fs.SkipDir // a mount inside the store (an expansion's)
+		case lst.Dev == st.Dev && lst.Ino == st.Ino:
+			found = path
+			return fs.SkipAll
+		}
+		return nil
+	})
+	if found != "" {
+		return fmt.Errorf("stdout is %s, a file of the store %s, which the stream would overwrite; redirect it to a file outside the store or a pipe: %w", Shown(found), Shown(s.root), ErrInvalid)
+	}
+	if walkErr != nil {
+		return fmt.Errorf("check where the stream goes: %w", walkErr)
+	}
+	return nil
 }
 
 // writeFile streams the data ranges of the open file fd (up to h's size)
