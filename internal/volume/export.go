@@ -233,7 +233,14 @@ func (s *Store) Import(ctx context.Context, r io.Reader, req ImportRequest) (*Vo
 			return err
 		}
 		size = h.SizeBytes
-		return unix.Ftruncate(fd, h.SizeBytes)
+		if err := unix.Ftruncate(fd, h.SizeBytes); err != nil {
+			if errors.Is(err, unix.EFBIG) {
+				// Knowable up front, and nothing was written.
+				err = fmt.Errorf("%w (the store's filesystem holds no file that large; import it into a store on XFS): %w", err, ErrInvalid)
+			}
+			return fmt.Errorf("size the unnamed file to the stream's %s: %w", FormatSize(h.SizeBytes), err)
+		}
+		return nil
 	}, func(off int64, data []byte) error {
 		if err := ctx.Err(); err != nil {
 			return err

@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestReadStream: a stream of either version reads back as written; each
@@ -284,4 +286,32 @@ func streamOfImage(t *testing.T, path string, h *StreamHeader) *bytes.Buffer {
 		t.Fatal(err)
 	}
 	return &b
+}
+
+// TestImportSizeBeyondFileLimit: a stream whose size passes the
+// overcommit policy but is beyond the largest file the store's
+// filesystem holds (ext4: 16 TiB) is refused as ErrInvalid, naming the
+// size, and nothing is left.
+func TestImportSizeBeyondFileLimit(t *testing.T) {
+	s := newStore(t, Options{OvercommitRatio: 1e9})
+	var st unix.Statfs_t
+	if err := unix.Statfs(s.root, &st); err != nil || st.Type != unix.EXT4_SUPER_MAGIC {
+		t.Skipf("the store's filesystem is not ext4 (%x, %v): no file limit below the stream's size", st.Type, err)
+	}
+	h := &StreamHeader{Name: "v", UUID: "0b9d5a10-8c5e-4a57-b1a3-7f3e9c2d4e63", SizeBytes: 32 << 40, Mode: ModeBlock}
+	var b bytes.Buffer
+	sw, err := newStreamWriter(&b, h)
+	if err == nil {
+		err = sw.close()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.Import(context.Background(), &b, ImportRequest{Name: "huge"})
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(fmt.Sprint(err), "32Ti") {
+		t.Fatalf("import of a 32 TiB stream = %+v, %v; want ErrInvalid naming 32Ti", v != nil, err)
+	}
+	if files, _ := os.ReadDir(s.root); len(files) > 1 { // the lock directory
+		t.Errorf("files left in the store: %v", files)
+	}
 }
