@@ -18,8 +18,9 @@ type nodeRequest struct {
 	needCapability bool
 	paths          []nodePath
 	// readOnly RPCs (stats, health) change nothing: they run beside other
-	// calls on the volume (no in-flight guard), and a path that breaks the
-	// path rule is NotFound for them, since the volume cannot be there.
+	// calls on the volume and its paths (no in-flight guard), and a path
+	// that breaks the path rule is NotFound for them, since the volume
+	// cannot be there.
 	readOnly bool
 }
 
@@ -30,10 +31,12 @@ type nodePath struct {
 }
 
 // begin is the preamble of every node RPC, in this order: required fields,
-// in-flight guard, lookup, capability check, path check (checkNodePath on
-// every path given). It returns the volume and a release the caller must
-// call when done (also after an error; it is never nil). Nothing on the
-// node is touched before begin returns without error.
+// in-flight guard of the volume id, lookup, capability check, path check
+// (checkNodePath on every path given), in-flight guard of every path
+// given (pathKey). It returns the volume and a release the caller must
+// call when done (also after an error; it is never nil): it releases the
+// keys taken. Nothing on the node is touched before begin returns without
+// error.
 func (d *Driver) begin(r nodeRequest) (*volume.Volume, func(), error) {
 	release := func() {}
 	if r.id == "" {
@@ -73,5 +76,30 @@ func (d *Driver) begin(r nodeRequest) (*volume.Volume, func(), error) {
 			return nil, release, toStatus(err)
 		}
 	}
+	if r.readOnly {
+		return v, release, nil
+	}
+	// Two volumes' calls on one path would both pass the path's checks
+	// (nothing of theirs mounted there yet) and mount one over the other.
+	for _, p := range r.paths {
+		if p.path == "" {
+			continue
+		}
+		releasePath, err := d.busy.acquire(pathKey(p.path))
+		if err != nil {
+			return nil, release, err
+		}
+		release = chain(release, releasePath)
+	}
 	return v, release, nil
+}
+
+// pathKey is the in-flight key of a node path that passed checkNodePath
+// (absolute and clean, so one spelling a path): a node RPC that may mount
+// or unmount there holds it, whatever volume it names.
+func pathKey(p string) string { return "path " + p }
+
+// chain returns a release that calls second, then first.
+func chain(first, second func()) func() {
+	return func() { second(); first() }
 }
