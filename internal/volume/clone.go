@@ -272,7 +272,8 @@ func (s *Store) copyFromVolume(ctx context.Context, dst int, src *source, progre
 // finishCopy proves what the copy on dev (v's device, bound by the
 // caller, who holds v's lock) holds (checkCopy), gives it v's identity,
 // then grows file, device, partition and filesystem to v's size where it
-// is larger than the source's.
+// is larger than the source's, or where the copy's partition table or
+// filesystem ends short of it (copyEndsShort).
 func (s *Store) finishCopy(ctx context.Context, v *Volume, dev *loop.Device, src *source) error {
 	held, err := loop.Hold(dev.Path, v.owner(dev.Backing))
 	if err != nil {
@@ -296,7 +297,7 @@ func (s *Store) finishCopy(ctx context.Context, v *Volume, dev *loop.Device, src
 		return err
 	}
 	crashPoint("restore:identity")
-	if v.SizeBytes == src.sizeBytes {
+	if v.SizeBytes == src.sizeBytes && !s.copyEndsShort(v) {
 		return nil
 	}
 	fd, _, _, err := s.openOwned(v, "copy")
@@ -309,6 +310,22 @@ func (s *Store) finishCopy(ctx context.Context, v *Volume, dev *loop.Device, src
 		return fmt.Errorf("%s: %w", v.BackingFile, err)
 	}
 	return s.growDevice(ctx, v, false)
+}
+
+// copyEndsShort reports whether the partition table or filesystem of the
+// copy v (contentEnd) ends before v's size, or cannot be told to: a
+// volume copied between the halves of a CSI expansion
+// (ControllerExpandVolume grew its file, NodeExpandVolume has not yet
+// grown its filesystem) holds the filesystem of its old size, which
+// nothing else would grow. The caller holds v's lock.
+func (s *Store) copyEndsShort(v *Volume) bool {
+	fd, _, err := s.openBacking(v.UUID, unix.O_RDONLY)
+	if err != nil {
+		return true // growDevice proves the file, and says what is wrong
+	}
+	defer unix.Close(fd)
+	what, end, err := contentEnd(v, fd)
+	return what != "" && (err != nil || end < v.SizeBytes)
 }
 
 // sourceError is a failure of the source of a copy (a snapshot's file

@@ -191,16 +191,7 @@ func (s *Store) usedBeyond(v *Volume, fd int, id loop.FileID) error {
 			return fmt.Errorf("%s has grown to %s already: %w", d.Path, FormatSize(int64(size)), ErrBusy)
 		}
 	}
-	var what string
-	var end int64
-	switch {
-	case v.Partitioned:
-		what = "the partition table"
-		end, err = gptEnd(fd, int64(v.sectorSize()))
-	case v.Mode == ModeFilesystem:
-		what = "the " + v.FSType + " filesystem"
-		end, err = fsEnd(fd, v.FSType)
-	}
+	what, end, err := contentEnd(v, fd)
 	if err != nil {
 		return fmt.Errorf("cannot tell how far %s reaches: %w: %w", what, err, ErrBusy)
 	}

@@ -84,3 +84,21 @@ func fsEnd(fd int, fsType string) (int64, error) {
 	}
 	return 0, fmt.Errorf("filesystem %q unknown", fsType)
 }
+
+// contentEnd returns how far what a create writes into v's backing file
+// (at fd) reaches: the partition table of a partitioned block volume
+// (gptEnd), the filesystem of a filesystem volume (fsEnd), named by what.
+// A whole-device raw volume holds nothing of the kind: what is "" and end
+// 0. It is the rule of both an expansion abandoned (usedBeyond) and a
+// copy grown to its volume's size (finishCopy).
+func contentEnd(v *Volume, fd int) (what string, end int64, err error) {
+	switch {
+	case v.Partitioned:
+		end, err = gptEnd(fd, int64(v.sectorSize()))
+		return "the partition table", end, err
+	case v.Mode == ModeFilesystem:
+		end, err = fsEnd(fd, v.FSType)
+		return "the " + v.FSType + " filesystem", end, err
+	}
+	return "", 0, nil
+}
