@@ -230,7 +230,7 @@ func (s *Store) copyFromSnapshot(ctx context.Context, dst int, sn *Snapshot, pro
 		return err
 	}
 	defer unix.Close(src)
-	if _, err := copyFile(ctx, dst, src, sn.SizeBytes, progress); err != nil {
+	if _, err := s.copyFile(ctx, dst, src, sn.SizeBytes, progress); err != nil {
 		return fmt.Errorf("copy snapshot %s: %w", sn.Name, err)
 	}
 	return nil
@@ -263,7 +263,7 @@ func (s *Store) copyFromVolume(ctx context.Context, dst int, src *source, progre
 		return err
 	}
 	defer q.release()
-	if _, err := copyFile(ctx, dst, fd, v.SizeBytes, progress); err != nil {
+	if _, err := s.copyFile(ctx, dst, fd, v.SizeBytes, progress); err != nil {
 		return fmt.Errorf("copy volume %s: %w", v.Name, err)
 	}
 	return q.release()

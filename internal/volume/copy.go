@@ -26,13 +26,16 @@ const (
 // starts behind it (writebehind.go).
 const copyChunk = 16 << 20
 
-// copyFile makes the open, empty file dst a copy of the first size bytes
-// of the open file src: FICLONE where the filesystem shares extents, else
-// a sparse copy that reads and writes only the source's data ranges and
-// never writes a hole, with its writeback started as it goes. dst ends
-// with size bytes; nothing is flushed (see flushCopy). progress, if set, is called with the bytes of the source
-// covered so far. The caller owns both fds.
-func copyFile(ctx context.Context, dst, src int, size int64, progress func(done, total int64)) (CopyMethod, error) {
+// copyFile makes the open, empty file dst, a file of the store, a copy
+// of the first size bytes of the open file src: FICLONE where the
+// filesystem shares extents, else a sparse copy that reads and writes
+// only the source's data ranges and never writes a hole, with its
+// writeback started as it goes. A sparse copy allocates its data at
+// once: one that the store's filesystem has no room for is refused
+// (roomFor, ErrNoSpace) before anything is written. dst ends with size
+// bytes; nothing is flushed (see flushCopy). progress, if set, is called
+// with the bytes of the source covered so far. The caller owns both fds.
+func (s *Store) copyFile(ctx context.Context, dst, src int, size int64, progress func(done, total int64)) (CopyMethod, error) {
 	err := unix.IoctlFileClone(dst, src)
 	switch {
 	case err == nil:
@@ -42,6 +45,13 @@ func copyFile(ctx context.Context, dst, src int, size int64, progress func(done,
 		return CopyReflink, nil
 	case !cloneUnsupported(err):
 		return "", fmt.Errorf("clone (FICLONE): %w", err)
+	}
+	need, err := dataBytes(src, size)
+	if err != nil {
+		return "", err
+	}
+	if err := s.roomFor(need, "a copy of the data (the store's filesystem shares no extents)"); err != nil {
+		return "", err
 	}
 	if err := sparseCopy(ctx, dst, src, size, progress); err != nil {
 		return "", err
@@ -107,6 +117,17 @@ func sparseCopy(ctx context.Context, dst, src int, size int64, progress func(don
 		progress(size, size)
 	}
 	return nil
+}
+
+// dataBytes is how many bytes of fd below size its data ranges hold:
+// what a sparse copy of it writes.
+func dataBytes(fd int, size int64) (int64, error) {
+	var n int64
+	err := eachDataRange(fd, size, func(start, end int64) error {
+		n += end - start
+		return nil
+	})
+	return n, err
 }
 
 // eachDataRange calls fn with each range [start, end) of fd below size

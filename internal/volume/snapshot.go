@@ -632,7 +632,7 @@ func (s *Store) copyIntoSnapshot(ctx context.Context, sn *Snapshot, src int, pro
 		unix.Close(dst)
 		return "", -1, fmt.Errorf("stat source of snapshot %s: %w", sn.Name, err)
 	}
-	method, err := copyFile(ctx, dst, src, st.Size, progress)
+	method, err := s.copyFile(ctx, dst, src, st.Size, progress)
 	if err != nil {
 		unix.Close(dst)
 		return "", -1, fmt.Errorf("copy into %s: %w", s.snapPath(sn.UUID), err)

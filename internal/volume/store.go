@@ -846,10 +846,30 @@ func (sp Space) allows(delta int64, thick bool) error {
 		return fmt.Errorf("%s requested, the store can promise %s more (free %s, committed %s, overcommit ratio %g): %w",
 			FormatSize(delta), FormatSize(sp.CapacityBytes), FormatSize(sp.FreeBytes), FormatSize(sp.CommittedBytes), sp.OvercommitRatio, ErrNoSpace)
 	}
-	if thick && delta > sp.FreeBytes {
-		return fmt.Errorf("%s requested for a preallocated volume, %s are free: %w", FormatSize(delta), FormatSize(sp.FreeBytes), ErrNoSpace)
+	if thick {
+		return sp.fitsNow(delta, "a preallocated volume")
 	}
 	return nil
+}
+
+// fitsNow refuses what allocates need bytes at once (a preallocated
+// volume, a copy of data) beyond what the store's filesystem has free,
+// overcommit or not: it would fill the store and fail midway, and every
+// thin volume's writes with it. what names the allocation.
+func (sp Space) fitsNow(need int64, what string) error {
+	if need > sp.FreeBytes {
+		return fmt.Errorf("%s requested for %s, %s are free: %w", FormatSize(need), what, FormatSize(sp.FreeBytes), ErrNoSpace)
+	}
+	return nil
+}
+
+// roomFor is fitsNow on what the store's filesystem has free now.
+func (s *Store) roomFor(need int64, what string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(s.root, &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", s.root, err)
+	}
+	return Space{FreeBytes: int64(st.Bavail) * st.Bsize}.fitsNow(need, what)
 }
 
 // Available is how much a new volume may take: CapacityBytes, and for a

@@ -1,0 +1,129 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	osexec "os/exec"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/testutil"
+)
+
+// smallStore opens a store in a directory of a small filesystem of
+// fsType (size bytes), which fillStore fills.
+func smallStore(t *testing.T, fsType string, size int64, opts Options) *Store {
+	t.Helper()
+	root := filepath.Join(testutil.FilesystemDir(t, fsType, size), "store")
+	if err := os.Mkdir(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, dev := range boundUnder(root) {
+			osexec.Command("losetup", "-d", dev).Run()
+			t.Errorf("leaked loop device %s", dev)
+		}
+	})
+	s, err := Open(root, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// fillStore leaves free bytes available on s's filesystem, with a file
+// beside the store.
+func fillStore(t *testing.T, s *Store, free int64) {
+	t.Helper()
+	f, err := os.CreateTemp(filepath.Dir(s.Root()), "filler-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if n := freeBytes(t, s) - free; n > 0 {
+		if err := unix.Fallocate(int(f.Fd()), 0, 0, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// freeBytes is what s's filesystem has available.
+func freeBytes(t *testing.T, s *Store) int64 {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs(s.Root(), &st); err != nil {
+		t.Fatal(err)
+	}
+	return int64(st.Bavail) * st.Bsize
+}
+
+// storeTree lists every name below s's root.
+func storeTree(t *testing.T, s *Store) []string {
+	t.Helper()
+	var names []string
+	err := filepath.WalkDir(s.Root(), func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		names = append(names, path)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return names
+}
+
+// TestCopyRefusedBeyondFreeSpace: on a store whose filesystem shares no
+// extents, a copy of data (a snapshot, a restore, a clone) that the free
+// space cannot hold is refused with ErrNoSpace before anything is
+// copied, though the overcommit policy would promise it: the store is
+// not filled up (every thin volume's writes would fail meanwhile) and
+// nothing is left.
+func TestCopyRefusedBeyondFreeSpace(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name string
+		op   func(s *Store) error
+	}{
+		{"snapshot", func(s *Store) error {
+			_, err := s.CreateSnapshot(ctx, "v", "s2", SnapshotOptions{})
+			return err
+		}},
+		{"from snapshot", func(s *Store) error {
+			_, err := s.Create(ctx, CreateRequest{Name: "r", FromSnapshot: "s"})
+			return err
+		}},
+		{"clone", func(s *Store) error {
+			_, err := s.Create(ctx, CreateRequest{Name: "c", CloneOf: "v"})
+			return err
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := smallStore(t, "ext4", 256<<20, Options{OvercommitRatio: 10})
+			v := mustCreate(t, s, CreateRequest{Name: "v", SizeBytes: 96 << 20, Mode: ModeBlock, NoPartition: true})
+			writeFileAt(t, v.BackingFile, 0, 64<<20)
+			if _, err := s.CreateSnapshot(ctx, v.Name, "s", SnapshotOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			fillStore(t, s, 16<<20)
+			before, free := storeTree(t, s), freeBytes(t, s)
+			err := tt.op(s)
+			if !errors.Is(err, ErrNoSpace) {
+				t.Fatalf("copy of 64MiB with %dKiB free: %v, want ErrNoSpace", free>>10, err)
+			}
+			if after := storeTree(t, s); !slices.Equal(after, before) {
+				t.Errorf("the store changed:\n%q\nwas\n%q", after, before)
+			}
+			if got := freeBytes(t, s); got < free {
+				t.Errorf("free space %d after the refusal, %d before", got, free)
+			}
+		})
+	}
+}
