@@ -85,6 +85,59 @@ func ReplaceFile(path string, data []byte, perm os.FileMode, flush Flush) error 
 	return err
 }
 
+// NoRoom reports whether err says the filesystem had no room for what
+// was asked: no block or no inode left (ENOSPC), or the quota spent
+// (EDQUOT).
+func NoRoom(err error) bool {
+	return errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT)
+}
+
+// Overwrite writes data over the file at path in place, from its start,
+// cuts it to len(data) and fsyncs it: how a file is changed where the
+// filesystem has no room for ReplaceFile's temporary file (NoRoom), as
+// it makes no inode, and no block where data fits in those the file
+// holds. It is not atomic: a crash may leave the file torn, so it is only
+// for a file whose torn form its reader settles. A final symbolic link is
+// not followed, and anything but a regular file with one link is refused
+// before a byte is written (errors are *os.PathError).
+func Overwrite(path string, data []byte) error {
+	// Proven on an O_PATH descriptor, which opens nothing a device node
+	// or FIFO would notice, then reopened for writing through it.
+	pfd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	pfd, err = CheckFD(pfd, func(st *unix.Stat_t) error {
+		if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 1 {
+			return &os.PathError{Op: "overwrite", Path: path, Err: errNotSoleRegular}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	unix.Close(pfd)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	for off := 0; off < len(data); {
+		n, err := unix.Pwrite(fd, data[off:], int64(off))
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return &os.PathError{Op: "write", Path: path, Err: err}
+		}
+		off += n
+	}
+	if err := unix.Ftruncate(fd, int64(len(data))); err != nil {
+		return &os.PathError{Op: "truncate", Path: path, Err: err}
+	}
+	return fsync(fd, path)
+}
+
 // createTemp makes a new file prefix<digits> in dir, open for writing,
 // as os.CreateTemp does, on a plain fd: metadata files need no poller.
 func createTemp(dir, prefix string) (string, int, error) {
@@ -215,7 +268,10 @@ func CreateMarker(path string) error {
 // ReadRegular's refusals of what is not a regular file.
 var (
 	errNotRegular = errors.New("not a regular file")
-	errSymlink    = errors.New("a symbolic link, not followed")
+	// errNotSoleRegular: not a regular file, or one with more links than
+	// the name it is written through.
+	errNotSoleRegular = errors.New("not a regular file with one link")
+	errSymlink        = errors.New("a symbolic link, not followed")
 )
 
 // OpenDir opens the directory path for reading its entries, as os.Open

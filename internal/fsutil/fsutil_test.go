@@ -188,3 +188,64 @@ func TestCheckFD(t *testing.T) {
 		}
 	}
 }
+
+// TestOverwrite: a regular file is written over in place (the same
+// inode, cut to the new length); a symbolic link, a second link, a FIFO
+// or nothing at all is refused and what it leads to is left alone.
+func TestOverwrite(t *testing.T) {
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, path, other string)
+		ok    bool
+	}{
+		{"regular", func(t *testing.T, path, other string) {
+			if err := os.WriteFile(path, []byte("the old, longer content"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, true},
+		{"symlink", func(t *testing.T, path, other string) {
+			if err := os.Symlink(other, path); err != nil {
+				t.Fatal(err)
+			}
+		}, false},
+		{"hard link", func(t *testing.T, path, other string) {
+			if err := os.Link(other, path); err != nil {
+				t.Fatal(err)
+			}
+		}, false},
+		{"fifo", func(t *testing.T, path, other string) {
+			if err := unix.Mkfifo(path, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, false},
+		{"missing", func(t *testing.T, path, other string) {}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path, other := filepath.Join(dir, "f"), filepath.Join(dir, "other")
+			if err := os.WriteFile(other, []byte("another file"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			tt.setup(t, path, other)
+			before, _ := os.Lstat(path)
+			err := Overwrite(path, []byte("new"))
+			if got, _ := os.ReadFile(other); string(got) != "another file" {
+				t.Errorf("the other file holds %q", got)
+			}
+			if !tt.ok {
+				if err == nil {
+					t.Fatal("Overwrite succeeded, want a refusal")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			after, _ := os.Lstat(path)
+			if got, _ := os.ReadFile(path); string(got) != "new" || !os.SameFile(before, after) {
+				t.Errorf("file holds %q, same inode %v; want \"new\" in place", got, os.SameFile(before, after))
+			}
+		})
+	}
+}

@@ -8,6 +8,8 @@ import (
 	osexec "os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -123,6 +125,78 @@ func TestCopyRefusedBeyondFreeSpace(t *testing.T) {
 			}
 			if got := freeBytes(t, s); got < free {
 				t.Errorf("free space %d after the refusal, %d before", got, free)
+			}
+		})
+	}
+}
+
+// fillUp leaves s's filesystem no room for a new file: with inodes, it
+// uses up its inodes (empty files); otherwise its blocks.
+func fillUp(t *testing.T, s *Store, inodes bool) {
+	t.Helper()
+	dir, err := os.MkdirTemp(filepath.Dir(s.Root()), "filler-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !inodes {
+		fillStore(t, s, 1<<20) // the rest in blocks: XFS maps extents too
+	}
+	for i := 0; ; i++ {
+		fd, err := unix.Open(filepath.Join(dir, strconv.Itoa(i)), unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
+		if err == nil && !inodes {
+			err = unix.Fallocate(fd, 0, 0, 4096)
+		}
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		if errors.Is(err, unix.ENOSPC) {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestDeleteOnFullStore: where the store's filesystem has no room left
+// for a new file (no block on XFS, whose reserve root cannot use; no
+// inode on ext4), a snapshot and a volume are still deleted, leaving
+// nothing: deleting them is how the room is made.
+func TestDeleteOnFullStore(t *testing.T) {
+	tests := []struct {
+		fs     string
+		size   int64
+		inodes bool
+	}{
+		{"xfs", 320 << 20, false},
+		{"ext4", 64 << 20, true},
+	}
+	ctx := context.Background()
+	for _, tt := range tests {
+		name := tt.fs + "-blocks"
+		if tt.inodes {
+			name = tt.fs + "-inodes"
+		}
+		t.Run(name, func(t *testing.T) {
+			s := smallStore(t, tt.fs, tt.size, Options{})
+			v := mustCreate(t, s, CreateRequest{Name: "v", SizeBytes: 16 << 20, Mode: ModeBlock, NoPartition: true})
+			writeFileAt(t, v.BackingFile, 0, 1<<20)
+			sn, err := s.CreateSnapshot(ctx, v.Name, "s", SnapshotOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			fillUp(t, s, tt.inodes)
+			if err := s.DeleteSnapshot(ctx, "s"); err != nil {
+				t.Errorf("delete snapshot: %v", err)
+			}
+			if err := s.Delete(ctx, v.Name, DetachOptions{}); err != nil {
+				t.Errorf("delete volume: %v", err)
+			}
+			left := slices.DeleteFunc(storeTree(t, s), func(p string) bool {
+				return !strings.Contains(p, v.UUID) && !strings.Contains(p, sn.UUID)
+			})
+			if len(left) > 0 {
+				t.Errorf("left in the store: %q", left)
 			}
 		})
 	}

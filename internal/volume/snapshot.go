@@ -112,7 +112,7 @@ func (s *Store) writeSnapMeta(sn *Snapshot, flush fsutil.Flush) error {
 		return fmt.Errorf("write metadata of snapshot %s: %w", sn.Name, err)
 	}
 	data = append(data, '\n')
-	if err := fsutil.ReplaceFile(s.snapMetaPath(sn.UUID), data, 0o600, flush); err != nil {
+	if err := putRecord(s.snapMetaPath(sn.UUID), data, flush, sn.State == StateDeleting); err != nil {
 		return fmt.Errorf("write metadata of snapshot %s: %w", sn.Name, err)
 	}
 	return nil

@@ -485,10 +485,25 @@ func (s *Store) putMeta(v *Volume, flush fsutil.Flush) error {
 		return fmt.Errorf("write metadata of %s: %w", v.Name, err)
 	}
 	data = append(data, '\n')
-	if err := fsutil.ReplaceFile(s.metaPath(v.UUID), data, 0o600, flush); err != nil {
+	if err := putRecord(s.metaPath(v.UUID), data, flush, v.State == StateDeleting); err != nil {
 		return fmt.Errorf("write metadata of %s: %w", v.Name, err)
 	}
 	return nil
+}
+
+// putRecord replaces the record at path, a volume's or a snapshot's
+// metadata, with data (fsutil.ReplaceFile, flushed as flush says). A
+// record that marks its volume or snapshot deleting is written over the
+// old one in place (fsutil.Overwrite) where the store's filesystem has
+// no room for a new file: a delete is how room is made, so it must need
+// none. A crash may tear that record; a torn record is broken, and a
+// delete removes a broken volume or snapshot too.
+func putRecord(path string, data []byte, flush fsutil.Flush, deleting bool) error {
+	err := fsutil.ReplaceFile(path, data, 0o600, flush)
+	if deleting && fsutil.NoRoom(err) {
+		err = fsutil.Overwrite(path, data)
+	}
+	return err
 }
 
 // maxRecordSize bounds what a volume's or snapshot's metadata file may
