@@ -262,6 +262,16 @@ func (s *Store) reserve(req CreateRequest) (*Volume, error) {
 		IOLimits:    req.IOLimits,
 	}
 	req.source.record(v)
+	// The lock file is made before the record that needs it, by taking
+	// the lock without waiting (nobody knows the UUID yet), so that a
+	// store with no inode left refuses here, with nothing written, not
+	// after the record, which would stay creating. Released at once
+	// (Create takes it again), it goes again if no record was written.
+	unlockNew, err := s.tryLock(v.UUID)
+	if err != nil {
+		return nil, err
+	}
+	defer unlockNew()
 	// No flush: until Create's last record, nobody was told of the
 	// volume; a power cut before it may lose this one (see build).
 	if err := s.putMeta(v, fsutil.FlushNone); err != nil {

@@ -131,8 +131,9 @@ func TestCopyRefusedBeyondFreeSpace(t *testing.T) {
 }
 
 // fillUp leaves s's filesystem no room for a new file: with inodes, it
-// uses up its inodes (empty files); otherwise its blocks.
-func fillUp(t *testing.T, s *Store, inodes bool) {
+// uses up its inodes (empty files); otherwise its blocks. It returns the
+// directory of the files it made.
+func fillUp(t *testing.T, s *Store, inodes bool) string {
 	t.Helper()
 	dir, err := os.MkdirTemp(filepath.Dir(s.Root()), "filler-")
 	if err != nil {
@@ -150,7 +151,7 @@ func fillUp(t *testing.T, s *Store, inodes bool) {
 			unix.Close(fd)
 		}
 		if errors.Is(err, unix.ENOSPC) {
-			return
+			return dir
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -199,5 +200,25 @@ func TestDeleteOnFullStore(t *testing.T) {
 				t.Errorf("left in the store: %q", left)
 			}
 		})
+	}
+}
+
+// TestCreateWithOneInodeLeft: a create on a store with one inode left
+// (room for its record, none for its lock file) fails leaving the store
+// as it was, not with a record that stays creating.
+func TestCreateWithOneInodeLeft(t *testing.T) {
+	s := smallStore(t, "ext4", 64<<20, Options{})
+	rawVolume(t, s, "first") // the store's own directories and locks
+	filler := fillUp(t, s, true)
+	if err := os.Remove(filepath.Join(filler, "0")); err != nil {
+		t.Fatal(err)
+	}
+	before := storeTree(t, s)
+	_, err := s.Create(context.Background(), CreateRequest{Name: "v", SizeBytes: MiB, Mode: ModeBlock, NoPartition: true})
+	if !errors.Is(err, unix.ENOSPC) {
+		t.Fatalf("create with one inode left: %v, want ENOSPC", err)
+	}
+	if after := storeTree(t, s); !slices.Equal(after, before) {
+		t.Errorf("the store changed:\n%q\nwas\n%q", after, before)
 	}
 }
