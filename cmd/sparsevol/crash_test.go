@@ -103,16 +103,6 @@ func TestCrashSafety(t *testing.T) {
 	}
 }
 
-func assertEmptyStore(t *testing.T, root string) {
-	t.Helper()
-	entries, _ := os.ReadDir(root)
-	for _, e := range entries {
-		if e.Name() != ".locks" {
-			t.Errorf("left in store: %s", e.Name())
-		}
-	}
-}
-
 // TestExpandCrashWithTemporaryMount: a crash while an offline XFS expansion
 // has its temporary mount leaves nothing that blocks a rerun or delete.
 func TestExpandCrashWithTemporaryMount(t *testing.T) {

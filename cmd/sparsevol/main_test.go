@@ -104,6 +104,18 @@ func devicesUnder(dir string) []string {
 	return out
 }
 
+// assertEmptyStore fails the test for anything in root but its lock
+// directory.
+func assertEmptyStore(t *testing.T, root string) {
+	t.Helper()
+	entries, _ := os.ReadDir(root)
+	for _, e := range entries {
+		if e.Name() != ".locks" {
+			t.Errorf("left in store: %s", e.Name())
+		}
+	}
+}
+
 func statuses(t *testing.T, root string) []volume.Status {
 	t.Helper()
 	var sts []volume.Status

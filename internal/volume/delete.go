@@ -72,6 +72,9 @@ func (s *Store) delete(ref string, opts DetachOptions) error {
 		if err := s.removeBacking(v.UUID); err != nil {
 			return fmt.Errorf("delete %s: %w", v.Name, err)
 		}
+		if err := s.removeRecoverTemp(v.UUID); err != nil {
+			return fmt.Errorf("delete %s: %w", v.Name, err)
+		}
 		crashPoint("delete:file")
 		if err := s.removeMeta(v.UUID); err != nil {
 			return err

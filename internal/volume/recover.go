@@ -32,7 +32,8 @@ const recoverChunk = 1 << 20
 // again. It refuses, changing nothing, while the device is in use (a copy
 // of a mounted filesystem is not consistent: unmount it first) and when
 // the volume is not orphaned. A crash midway leaves the old device and a
-// temporary file that the next Recover replaces.
+// temporary file (recoverTempName) that the next Recover replaces and
+// Delete removes.
 func (s *Store) Recover(ctx context.Context, ref string, opts RecoverOptions) (*Status, error) {
 	var out *Status
 	err := s.withVolume(ref, func(v *Volume) error {
@@ -97,7 +98,7 @@ func (s *Store) copyOut(ctx context.Context, v *Volume, dev *loop.Device, opts R
 		return err
 	}
 	defer unix.Close(dir)
-	tmp := ".recover-" + v.UUID
+	tmp := recoverTempName(v.UUID)
 	_ = unix.Unlinkat(dir, tmp, 0) // left by a crashed recover
 	fd, err := unix.Openat(dir, tmp, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
@@ -141,6 +142,26 @@ func (s *Store) copyOut(ctx context.Context, v *Volume, dev *loop.Device, opts R
 	}
 	done = true
 	return fsutil.SyncDir(s.root)
+}
+
+// recoverTempPrefix and the volume's UUID name the copy Recover makes of
+// its device before it is renamed to <root>/<uuid> (recoverTempName).
+const recoverTempPrefix = ".recover-"
+
+func recoverTempName(uuid string) string { return recoverTempPrefix + uuid }
+
+// removeRecoverTemp removes the copy a killed Recover of volume uuid
+// left, if there is one; the caller holds the volume's lock.
+func (s *Store) removeRecoverTemp(uuid string) error {
+	dir, err := s.dirFD()
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dir)
+	if err := unix.Unlinkat(dir, recoverTempName(uuid), 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		return &os.PathError{Op: "remove", Path: s.backingPath(recoverTempName(uuid)), Err: err}
+	}
+	return nil
 }
 
 // zeros is what allZero compares with: bytes.Equal is a vectorised

@@ -216,7 +216,7 @@ func openPrivate(dir string, log *slog.Logger) (dirID, error) {
 func storeEntry(name string) bool {
 	_, temp := staleTempUUID(name)
 	return temp || name == lockDir || name == snapDir || name == "lost+found" ||
-		strings.HasPrefix(name, ".doctor-") || ValidUUID(strings.TrimPrefix(name, ".recover-")) ||
+		strings.HasPrefix(name, ".doctor-") || ValidUUID(strings.TrimPrefix(name, recoverTempPrefix)) ||
 		ValidUUID(name) || ValidUUID(strings.TrimSuffix(name, metaExt))
 }
 
