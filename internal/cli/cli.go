@@ -14,13 +14,16 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
 
 	"github.com/sparsevol/sparsevol/internal/iolimit"
 	"github.com/sparsevol/sparsevol/internal/loop"
@@ -304,22 +307,92 @@ func refuseUnknownCommands(c *cobra.Command) {
 	}
 }
 
-// Main runs the node command line and returns the process exit code.
+// Main runs the node command line and returns the process exit code. The
+// first SIGINT or SIGTERM cancels the command's context (stopSignals):
+// the operation stops where it next looks at it and undoes what it began,
+// as on any failure, and the command exits 1 with its error and the
+// signal's name.
 func Main(args []string, stdout, stderr io.Writer) int {
 	root, _ := NewRootCommand(stdout, stderr)
-	return Execute(root, args, stderr)
+	ctx, stop := stopSignals(stderr)
+	defer stop()
+	return execute(ctx, root, args, stderr)
 }
 
 // Execute runs a command tree built here (NewRootCommand,
 // NewStoreCommand) with args, reports its error on stderr, and returns the
 // process exit code (ExitCode).
 func Execute(root *cobra.Command, args []string, stderr io.Writer) int {
+	return execute(context.Background(), root, args, stderr)
+}
+
+// execute is Execute with ctx, which a stop signal may cancel
+// (stopSignals): an error then is the signal's, exit 1, whatever it
+// wraps.
+func execute(ctx context.Context, root *cobra.Command, args []string, stderr io.Writer) int {
 	root.SetArgs(args)
-	err := root.ExecuteContext(context.Background())
+	err := root.ExecuteContext(ctx)
+	var stopped *stopError
+	if err != nil && errors.As(context.Cause(ctx), &stopped) {
+		err = fmt.Errorf("%w: %w", stopped, err)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", root.Name(), err)
 	}
+	if stopped != nil {
+		return ExitFailure
+	}
 	return ExitCode(err)
+}
+
+// stopError is the cause of a context that a stop signal cancelled.
+type stopError struct{ sig os.Signal }
+
+func (e *stopError) Error() string { return "stopped by " + signalName(e.sig) }
+
+func signalName(sig os.Signal) string {
+	if s, ok := sig.(syscall.Signal); ok {
+		return unix.SignalName(s)
+	}
+	return sig.String()
+}
+
+// stopSignals returns a context that the first SIGINT or SIGTERM (an
+// operator's Ctrl-C, a service manager's stop) cancels, with a stopError
+// as its cause, and a stop func that the caller defers. At that first
+// signal it says on stderr that the command is stopping and restores the
+// signals' default, so that a second one ends the process at once,
+// leaving what a crash leaves for a rerun or delete (docs/design.md,
+// crash safety). A signal the process was started with ignored (a
+// background job of a script) stays ignored.
+func stopSignals(stderr io.Writer) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	var sigs []os.Signal
+	for _, sig := range []os.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		if !signal.Ignored(sig) {
+			sigs = append(sigs, sig)
+		}
+	}
+	if len(sigs) == 0 {
+		return ctx, func() { cancel(nil) }
+	}
+	got := make(chan os.Signal, 1)
+	done := make(chan struct{})
+	signal.Notify(got, sigs...)
+	go func() {
+		select {
+		case sig := <-got:
+			signal.Reset(sigs...)
+			fmt.Fprintf(stderr, "sparsevol: %s: stopping: what this command began is undone, or left as a crash leaves it for a rerun or delete (`sparsevol list` says which); send it again to stop at once\n", signalName(sig))
+			cancel(&stopError{sig})
+		case <-done:
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(got)
+		close(done)
+		cancel(nil)
+	}
 }
 
 // Usagef is an error in how a command was called (exit 2), for commands

@@ -144,7 +144,10 @@ does not exist or is named twice, none is deleted.`,
 			if err != nil {
 				return err
 			}
-			for _, ref := range args {
+			for i, ref := range args {
+				if err := notBegun(cmd.Context(), args[i:]); err != nil {
+					return err
+				}
 				if err := s.DeleteSnapshot(cmd.Context(), ref); err != nil {
 					return err
 				}

@@ -43,7 +43,7 @@ inside punched, so they stay fully allocated.`,
 			if all {
 				results, err = s.TrimAll(cmd.Context())
 			} else {
-				err = eachVolume(s, args, func(ref string) error {
+				err = eachVolume(cmd.Context(), s, args, func(ref string) error {
 					res, err := s.Trim(cmd.Context(), ref)
 					if res != nil && (err == nil || res.Skipped != "") {
 						results = append(results, res)

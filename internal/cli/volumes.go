@@ -199,7 +199,7 @@ This is the unit's ExecStop.`,
 			if all {
 				return s.DetachAll(opts)
 			}
-			return eachVolume(s, args, func(ref string) error { return s.Detach(ref, opts) })
+			return eachVolume(cmd.Context(), s, args, func(ref string) error { return s.Detach(ref, opts) })
 		},
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "detach every volume of the store")
@@ -225,7 +225,7 @@ one (backing file gone, data only on its device) unless --force.`,
 				return err
 			}
 			opts := volume.DetachOptions{Force: force}
-			return eachVolume(s, args, func(ref string) error { return s.Delete(cmd.Context(), ref, opts) })
+			return eachVolume(cmd.Context(), s, args, func(ref string) error { return s.Delete(cmd.Context(), ref, opts) })
 		},
 	}
 	cmd.Flags().BoolVar(&force, "force", false, "also delete orphaned volumes, losing the data only their device still holds (see recover)")
@@ -332,16 +332,34 @@ func allOrArgs(all bool, args []string) error {
 }
 
 // eachVolume checks every reference first, then runs fn on each, going on
-// past failures and reporting them all.
-func eachVolume(s *volume.Store, refs []string, fn func(ref string) error) error {
+// past failures and reporting them all, until ctx is cancelled (a stop
+// signal): the volumes not begun then are named and left alone.
+func eachVolume(ctx context.Context, s *volume.Store, refs []string, fn func(ref string) error) error {
 	if err := resolveAll(s, refs); err != nil {
 		return err
 	}
 	var errs []error
-	for _, ref := range refs {
+	for i, ref := range refs {
+		if err := notBegun(ctx, refs[i:]); err != nil {
+			errs = append(errs, err)
+			break
+		}
 		errs = append(errs, fn(ref))
 	}
 	return errors.Join(errs...)
+}
+
+// notBegun returns ctx's error, naming rest (the references a command
+// was given and has not acted on yet), once ctx is cancelled; else nil.
+func notBegun(ctx context.Context, rest []string) error {
+	if ctx.Err() == nil {
+		return nil
+	}
+	quoted := make([]string, len(rest))
+	for i, r := range rest {
+		quoted[i] = volume.Quote(r)
+	}
+	return fmt.Errorf("not begun, left as they are: %s: %w", strings.Join(quoted, ", "), ctx.Err())
 }
 
 // resolveAll is resolveRefs for volumes.

@@ -119,7 +119,8 @@ func (s *Store) withUnitDisabled(ctx context.Context, v *Volume, del func() erro
 	}
 	err := del()
 	if errors.Is(err, ErrBusy) && wasEnabled {
-		if uerr := lc.Enable(ctx, v.UUID, s.root, s.mountsFor(v), true); uerr != nil {
+		// An undo: it runs even where ctx was cancelled meanwhile.
+		if uerr := lc.Enable(context.WithoutCancel(ctx), v.UUID, s.root, s.mountsFor(v), true); uerr != nil {
 			err = errors.Join(err, fmt.Errorf("re-enable the unit of %s: %w", v.Name, uerr))
 		}
 	}
