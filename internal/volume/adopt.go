@@ -34,7 +34,8 @@ import (
 // uuidFree), or that two files of one call share, is refused with
 // ErrExists. All candidates are checked before any is registered: one bad
 // file rejects the whole call and nothing changes. Files already
-// registered are returned as they are (adopt is idempotent).
+// registered are returned as they are (adopt is idempotent), but for one
+// whose record a newer sparsevol wrote: ErrNewer.
 func (s *Store) Adopt(ctx context.Context, paths []string, dir string) ([]*Volume, error) {
 	if dir != "" {
 		abs, err := filepath.Abs(dir)
@@ -85,6 +86,10 @@ func (s *Store) Adopt(ctx context.Context, paths []string, dir string) ([]*Volum
 	}()
 	for _, p := range paths {
 		if v := s.registered(p, byUUID); v != nil {
+			if v.State == StateNewer {
+				// A listing's stand-in: its record says why (ErrNewer).
+				return nil, fmt.Errorf("adopt %s: %w", Quote(p), v.Refusal())
+			}
 			out = append(out, v)
 			continue
 		}

@@ -14,7 +14,7 @@ import (
 // is removed only where the backing file rules allow (see backing.go) and
 // no loop device holds it: a device on it refuses the delete, changing
 // nothing (ErrBusy); a file the rules refuse is left in place, and the log
-// says so.
+// says so. A record of a newer format is no broken one: it is refused.
 func (s *Store) deleteBroken(uuid string) error {
 	unlock, err := s.lock(uuid)
 	if err != nil {

@@ -243,6 +243,8 @@ var fieldCorruptions = []fieldCorruption{
 	{"label key too long", "labels", map[string]string{strings.Repeat("k", MaxLabelKeyLength+1): "v"}, "label key"},
 	{"label value too long", "labels", map[string]string{"k": strings.Repeat("v", MaxLabelValueLength+1)}, `label "k": value is`},
 	{"too many labels", "labels", manyLabels(MaxLabels + 1), "labels, at most"},
+	{"negative format", "format", -1, "format -1 is negative"},
+	{"format not a number", "format", "2", "cannot unmarshal"},
 }
 
 // snapshotFieldCorruptions are corruptions of fields only snapshot records

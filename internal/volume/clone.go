@@ -59,7 +59,8 @@ func (r *CreateRequest) normalizeSourced() error {
 
 // resolveSource finds the request's source (ready) and fills the layout
 // and size from it; a mode, filesystem or size that does not fit it is
-// ErrInvalid, a source whose record is broken ErrBroken. Requests without
+// ErrInvalid, a source whose record is broken or newer ErrBroken or
+// ErrNewer. Requests without
 // a source are left alone.
 func (s *Store) resolveSource(r *CreateRequest) error {
 	var src source
@@ -72,8 +73,8 @@ func (s *Store) resolveSource(r *CreateRequest) error {
 		if err != nil {
 			return err
 		}
-		if sn.State == StateBroken {
-			// A listing's stand-in: its record says why (ErrBroken).
+		if sn.Refusal() != nil {
+			// A listing's stand-in: its record says why.
 			if sn, err = s.readSnapMeta(sn.UUID); err != nil {
 				return err
 			}
@@ -88,8 +89,8 @@ func (s *Store) resolveSource(r *CreateRequest) error {
 		if err != nil {
 			return err
 		}
-		if v.State == StateBroken {
-			// Get's stand-in: its record says why (ErrBroken).
+		if v.Refusal() != nil {
+			// Get's stand-in: its record says why.
 			if v, err = s.readMeta(v.UUID); err != nil {
 				return err
 			}

@@ -15,7 +15,8 @@ import (
 // links (the data would live on), and without opts.Force while it is
 // orphaned. A crash midway leaves a volume in state deleting that the next
 // Delete finishes.
-// A broken volume (unreadable metadata) is deleted by deleteBroken. With a
+// A broken volume (unreadable metadata) is deleted by deleteBroken; one
+// whose record a newer sparsevol wrote is refused (ErrNewer). With a
 // Lifecycle, the volume's unit is stopped and disabled first (see
 // withUnitDisabled).
 func (s *Store) Delete(ctx context.Context, ref string, opts DetachOptions) error {

@@ -338,6 +338,9 @@ func (s *Store) thawLeftover(uuid string) error {
 		return nil // thawed and cleared meanwhile
 	}
 	v, err := s.readMeta(uuid)
+	if errors.Is(err, ErrNewer) {
+		return fmt.Errorf("thaw %s: %w", uuid, err) // the note stays for the newer binary
+	}
 	if err != nil {
 		s.clearFreezeNote(uuid) // no volume, nothing of it mounted to thaw
 		return nil

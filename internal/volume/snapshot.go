@@ -51,6 +51,9 @@ const (
 
 // Snapshot is a point-in-time copy of a volume.
 type Snapshot struct {
+	// Format is the record's format: RecordFormat when written, what the
+	// record says when read.
+	Format     int    `json:"format"`
 	Name       string `json:"name"`
 	UUID       string `json:"uuid"`
 	SourceUUID string `json:"sourceUUID"`
@@ -80,7 +83,16 @@ type Snapshot struct {
 	AllocatedBytes int64  `json:"allocatedBytes"`
 	OwnBytes       int64  `json:"ownBytes"`
 	Problem        string `json:"problem,omitempty"`
+	// refusal is the error a stand-in's record was refused with (see
+	// Refusal).
+	refusal error
 }
+
+// Refusal is the error sn's record was refused with where sn is a
+// listing's stand-in for it (state broken or newer, see ListSnapshots),
+// what every operation on sn returns; nil for a snapshot read from its
+// record.
+func (sn *Snapshot) Refusal() error { return sn.refusal }
 
 // SnapshotOptions tune CreateSnapshot.
 type SnapshotOptions struct {
@@ -106,6 +118,7 @@ func (s *Store) snapDirFD() (int, error) { return s.storeSubdirFD(snapDir, "snap
 // what the copy wrote, see flushCopy), fully otherwise.
 func (s *Store) writeSnapMeta(sn *Snapshot, flush fsutil.Flush) error {
 	stored := *sn
+	stored.Format = RecordFormat
 	stored.ReadyToUse, stored.AllocatedBytes, stored.OwnBytes, stored.Problem = false, 0, 0, ""
 	data, err := json.MarshalIndent(&stored, "", "  ")
 	if err != nil {
@@ -119,8 +132,9 @@ func (s *Store) writeSnapMeta(sn *Snapshot, flush fsutil.Flush) error {
 }
 
 // readSnapMeta reads snapshot uuid's metadata: missing is
-// ErrSnapshotNotFound; unreadable, naming another snapshot or holding a
-// field check refuses, ErrBroken.
+// ErrSnapshotNotFound; of a newer format (decodeRecord) ErrNewer;
+// unreadable, naming another snapshot or holding a field check refuses,
+// ErrBroken.
 func (s *Store) readSnapMeta(uuid string) (*Snapshot, error) {
 	path := s.snapMetaPath(uuid)
 	data, err := fsutil.ReadRegular(path, maxRecordSize)
@@ -129,7 +143,7 @@ func (s *Store) readSnapMeta(uuid string) (*Snapshot, error) {
 	}
 	var sn Snapshot
 	if err == nil {
-		err = json.Unmarshal(data, &sn)
+		err = decodeRecord(data, &sn)
 		if err == nil && sn.UUID != uuid {
 			err = fmt.Errorf("the file names snapshot %q", sn.UUID)
 		}
@@ -138,7 +152,7 @@ func (s *Store) readSnapMeta(uuid string) (*Snapshot, error) {
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("snapshot %s: %w: %w", uuid, &os.PathError{Op: "read metadata", Path: path, Err: err}, ErrBroken)
+		return nil, fmt.Errorf("snapshot %s: %w: %w", uuid, &os.PathError{Op: "read metadata", Path: path, Err: err}, recordClass(err))
 	}
 	sn.ReadyToUse = sn.State == StateReady
 	return &sn, nil
@@ -227,7 +241,8 @@ func (s *Store) snapshotUUIDs() ([]string, error) {
 
 // ListSnapshots returns every snapshot of the store, in every state,
 // sorted by name; one whose metadata cannot be read is listed in state
-// broken, named by its UUID.
+// broken, named by its UUID, one whose record a newer sparsevol wrote in
+// state newer, named as standInHead says.
 func (s *Store) ListSnapshots(ctx context.Context) ([]*Snapshot, error) {
 	sns, err := s.listSnapshots()
 	if err != nil {
@@ -249,8 +264,9 @@ func (s *Store) listSnapshots() ([]*Snapshot, error) {
 		switch {
 		case errors.Is(err, ErrNotFound):
 			continue // deleted while we listed
-		case errors.Is(err, ErrBroken):
-			sn = &Snapshot{Name: uuid, UUID: uuid, State: StateBroken, Problem: err.Error()}
+		case errors.Is(err, ErrBroken), errors.Is(err, ErrNewer):
+			state, h := standInHead(uuid, err)
+			sn = &Snapshot{Format: h.Format, Name: h.Name, UUID: uuid, State: state, Labels: h.Labels, Problem: err.Error(), refusal: err}
 		case err != nil:
 			return nil, err
 		}
@@ -678,7 +694,8 @@ func (s *Store) undoSnapshots(sns []*Snapshot) {
 
 // DeleteSnapshot removes a snapshot: marked deleting, its file, its
 // metadata. A crash midway leaves it deleting, for the next delete. A
-// snapshot's file that breaks the backing file rules is refused and left.
+// snapshot's file that breaks the backing file rules is refused and left,
+// and so is a snapshot whose record a newer sparsevol wrote (ErrNewer).
 func (s *Store) DeleteSnapshot(ctx context.Context, ref string) error {
 	sn, err := s.findSnapshot(ref)
 	if err != nil {

@@ -479,6 +479,7 @@ func (s *Store) writeMeta(v *Volume) error { return s.putMeta(v, fsutil.FlushAll
 // need not survive a power cut one by one, only the last one does.
 func (s *Store) putMeta(v *Volume, flush fsutil.Flush) error {
 	stored := *v
+	stored.Format = RecordFormat
 	stored.Problem = "" // found anew by every reader
 	data, err := json.MarshalIndent(&stored, "", "  ")
 	if err != nil {
@@ -513,8 +514,9 @@ func putRecord(path string, data []byte, flush fsutil.Flush, deleting bool) erro
 const maxRecordSize = 1 << 20
 
 // readMeta reads the metadata of the volume uuid. A missing file is
-// ErrNotFound; one that cannot be read or parsed, names another volume or
-// holds a field check refuses is ErrBroken, naming the file.
+// ErrNotFound; one of a newer format (decodeRecord) is ErrNewer; one that
+// cannot be read or parsed, names another volume or holds a field check
+// refuses is ErrBroken. Both name the file.
 func (s *Store) readMeta(uuid string) (*Volume, error) {
 	path := s.metaPath(uuid)
 	data, err := fsutil.ReadRegular(path, maxRecordSize)
@@ -523,7 +525,7 @@ func (s *Store) readMeta(uuid string) (*Volume, error) {
 	}
 	var v Volume
 	if err == nil {
-		err = json.Unmarshal(data, &v)
+		err = decodeRecord(data, &v)
 		if err == nil && v.UUID != uuid {
 			err = fmt.Errorf("the file names volume %q", v.UUID)
 		}
@@ -532,7 +534,7 @@ func (s *Store) readMeta(uuid string) (*Volume, error) {
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("volume %s: %w: %w", uuid, &os.PathError{Op: "read metadata", Path: path, Err: err}, ErrBroken)
+		return nil, fmt.Errorf("volume %s: %w: %w", uuid, &os.PathError{Op: "read metadata", Path: path, Err: err}, recordClass(err))
 	}
 	// Never a path from the metadata: the backing file is <root>/<uuid>.
 	v.BackingFile = s.backingPath(uuid)
@@ -580,12 +582,15 @@ func unclassified(err error) error {
 	return errors.New(err.Error())
 }
 
-// brokenVolume stands for a volume whose metadata readMeta refused with
-// err: named by its UUID, in state broken, its backing file where every
-// volume's is, and as large as that file (what it promised, for the space
-// policy, as far as anyone can tell).
-func (s *Store) brokenVolume(uuid string, err error) *Volume {
-	v := &Volume{Name: uuid, UUID: uuid, State: StateBroken, BackingFile: s.backingPath(uuid), Problem: err.Error()}
+// standIn stands for a volume whose metadata readMeta refused with err
+// (ErrBroken, ErrNewer): in state broken or newer, named as standInHead
+// says, its backing file where every volume's is, and as large as that
+// file (what it promised, for the space policy, as far as anyone can
+// tell).
+func (s *Store) standIn(uuid string, err error) *Volume {
+	state, h := standInHead(uuid, err)
+	v := &Volume{Format: h.Format, Name: h.Name, UUID: uuid, State: state, BackingFile: s.backingPath(uuid),
+		Labels: h.Labels, Problem: err.Error(), refusal: err}
 	var pe *os.PathError
 	if errors.As(err, &pe) {
 		v.Problem = pe.Error() // the file and the reason, without the classes
@@ -596,11 +601,12 @@ func (s *Store) brokenVolume(uuid string, err error) *Volume {
 	return v
 }
 
-// lookup is readMeta for listing: a broken volume is returned as such.
+// lookup is readMeta for listing: a volume whose record is broken or
+// newer is returned as its stand-in.
 func (s *Store) lookup(uuid string) (*Volume, error) {
 	v, err := s.readMeta(uuid)
-	if errors.Is(err, ErrBroken) {
-		return s.brokenVolume(uuid, err), nil
+	if errors.Is(err, ErrBroken) || errors.Is(err, ErrNewer) {
+		return s.standIn(uuid, err), nil
 	}
 	return v, err
 }
@@ -617,8 +623,9 @@ func (s *Store) removeMeta(uuid string) error {
 }
 
 // List returns every volume of the store, in every state, sorted by name.
-// A volume whose metadata cannot be read is listed in state broken, so one
-// bad file hides nothing else.
+// A volume whose metadata cannot be read is listed in state broken, one
+// whose record a newer sparsevol wrote in state newer (standIn), so one
+// such file hides nothing else.
 func (s *Store) List() ([]*Volume, error) {
 	uuids, err := s.uuids()
 	if err != nil {
@@ -673,9 +680,10 @@ func (s *Store) uuids() ([]string, error) {
 // none.
 var storeDirReads atomic.Int64
 
-// Get resolves a volume by UUID or name; a broken volume (by its UUID) is
-// returned in state broken. Operations re-read the metadata under the
-// volume's lock (withVolume) and so refuse a broken volume with ErrBroken.
+// Get resolves a volume by UUID or name; a broken or newer volume is
+// returned as its stand-in (standIn). Operations re-read the metadata
+// under the volume's lock (withVolume) and so refuse it with ErrBroken or
+// ErrNewer.
 // A UUID, and a name whose hint holds (see nameDir), cost one metadata
 // file whatever the size of the store; only a name without a good hint
 // (or of no volume) reads them all.

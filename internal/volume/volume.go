@@ -52,6 +52,11 @@ var (
 	// holds a field its check refuses (Volume.check, Snapshot.check). It is
 	// an ErrNotReady: the volume exists, and only delete acts on it.
 	ErrBroken = fmt.Errorf("metadata unreadable: %w", ErrNotReady)
+	// ErrNewer: the volume's or snapshot's record is of a format newer
+	// than this binary reads (RecordFormat): a newer sparsevol wrote it.
+	// Nothing acts on it, delete included, until sparsevol is upgraded
+	// back; listings show it in state newer.
+	ErrNewer = errors.New("written by a newer sparsevol")
 	// ErrUnsafe: refused because something is not provably the volume's
 	// own (a symlinked or hard-linked backing file, a loop device someone
 	// else bound to it, another store's link); nothing was changed.
@@ -137,6 +142,9 @@ const (
 	// StateBroken is never written: List and Get report a volume whose
 	// metadata file cannot be read in it (see Volume.Error).
 	StateBroken State = "broken"
+	// StateNewer is never written: List and Get report a volume whose
+	// record a newer sparsevol wrote (ErrNewer) in it.
+	StateNewer State = "newer"
 	// StateExpanding is never written: Status reports a ready volume with
 	// an expansion pending (ExpandingTo) in it.
 	StateExpanding State = "expanding"
@@ -170,6 +178,9 @@ const MiB = 1 << 20
 
 // Volume is the persisted metadata of one volume (<root>/<uuid>.json).
 type Volume struct {
+	// Format is the record's format: RecordFormat when written, what the
+	// record says when read.
+	Format      int       `json:"format"`
 	Name        string    `json:"name"`
 	UUID        string    `json:"uuid"`
 	SizeBytes   int64     `json:"sizeBytes"`
@@ -207,7 +218,15 @@ type Volume struct {
 	// in a Status, what is unsafe about it or that it is orphaned. It is
 	// never written to the metadata file.
 	Problem string `json:"problem,omitempty"`
+	// refusal is the error a stand-in's record was refused with (see
+	// Refusal).
+	refusal error
 }
+
+// Refusal is the error v's record was refused with where v is a
+// listing's stand-in for it (state broken or newer, see List), what every
+// operation on v returns; nil for a volume read from its record.
+func (v *Volume) Refusal() error { return v.refusal }
 
 // StablePath is the path that survives reboots where udev runs:
 // /dev/disk/by-uuid for filesystems, /dev/disk/by-partuuid for partitioned
