@@ -223,7 +223,7 @@ func (g *globals) diagnose() []finding {
 		ours[st.UUID] = true
 		check := "volume " + st.Name
 		switch {
-		case st.State == volume.StateBroken:
+		case st.State == volume.StateBroken, st.State == volume.StateNewer:
 			add("FAIL", check, stateNote(st), "")
 		case st.Problem != "":
 			// Symlinked or hard-linked backing file, a foreign device
@@ -252,6 +252,8 @@ func (g *globals) diagnose() []finding {
 		switch {
 		case sn.State == volume.StateBroken:
 			add("FAIL", check, sn.Problem, "inspect the file, then `sparsevol snapshot delete "+sn.UUID+"`")
+		case sn.State == volume.StateNewer:
+			add("FAIL", check, sn.Problem, "")
 		case sn.State != volume.StateReady:
 			add("WARN", check, fmt.Sprintf("unfinished (%s)", sn.State),
 				fmt.Sprintf("rerun `sparsevol snapshot create %s %s`, or `sparsevol snapshot delete %s`", sn.SourceName, sn.Name, sn.UUID))

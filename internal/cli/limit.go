@@ -83,6 +83,9 @@ fails (exit 1) and changes nothing.`,
 			if err != nil {
 				return err
 			}
+			if err := v.Refusal(); err != nil {
+				return err // a stand-in's limits are not its record's
+			}
 			limits, changed, err := lf.apply(v.IOLimits)
 			if err != nil {
 				return err

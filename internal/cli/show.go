@@ -154,6 +154,8 @@ func stateNote(st *volume.Status) string {
 	switch st.State {
 	case volume.StateBroken:
 		return fmt.Sprintf("broken: %s (repair the file, or `sparsevol delete %s`)", st.Problem, st.UUID)
+	case volume.StateNewer:
+		return "written by a newer sparsevol: " + st.Problem
 	case volume.StateExpanding:
 		size := volume.FormatSize(st.ExpandingTo)
 		return fmt.Sprintf("an expansion to %s is pending: `sparsevol expand %s --size %s` finishes it, `sparsevol expand %s --abandon` abandons it",
