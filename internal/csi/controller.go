@@ -486,7 +486,9 @@ func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.Valida
 
 // ListVolumes pages through the CSI volumes in UUID order. The token is
 // the last UUID of the previous page, so deleting or adding volumes
-// between pages neither repeats nor skips the others.
+// between pages neither repeats nor skips the others. Ready volumes are
+// listed, and those whose record a newer sparsevol wrote: they exist,
+// and every call on one says why it is refused (lookup).
 func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
 	if req.GetMaxEntries() < 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "max_entries %d is negative", req.GetMaxEntries())
@@ -501,7 +503,7 @@ func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (
 	}
 	var ours []*volume.Volume
 	for _, v := range vols {
-		if managed(v) && v.State == volume.StateReady && v.UUID > token {
+		if managed(v) && (v.State == volume.StateReady || v.State == volume.StateNewer) && v.UUID > token {
 			ours = append(ours, v)
 		}
 	}

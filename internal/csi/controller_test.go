@@ -197,6 +197,7 @@ func TestToStatus(t *testing.T) {
 		{wrap(volume.ErrBusy), codes.FailedPrecondition},
 		{wrap(volume.ErrNotReady), codes.Unavailable},
 		{wrap(volume.ErrNotSupported), codes.FailedPrecondition},
+		{wrap(volume.ErrNewer), codes.FailedPrecondition},
 		{wrap(context.DeadlineExceeded), codes.DeadlineExceeded},
 		{errors.New("mkfs exploded"), codes.Internal},
 		{status.Error(codes.Aborted, "busy"), codes.Aborted},

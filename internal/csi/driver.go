@@ -233,6 +233,8 @@ func quoteList(vals []string) string {
 
 // lookup finds a volume by its CSI volume id, which is the volume UUID and
 // never a name (a name that happens to look like an id must not match).
+// A volume whose record a newer sparsevol wrote is refused (ErrNewer):
+// no call acts on it, not even an unmount.
 func (d *Driver) lookup(id string) (*volume.Volume, error) {
 	if !volume.ValidUUID(id) {
 		return nil, fmt.Errorf("volume id %s is not a volume UUID: %w", volume.Quote(id), volume.ErrNotFound)
@@ -243,6 +245,9 @@ func (d *Driver) lookup(id string) (*volume.Volume, error) {
 	}
 	if v.UUID != id {
 		return nil, fmt.Errorf("volume %s: %w", id, volume.ErrNotFound)
+	}
+	if v.State == volume.StateNewer {
+		return nil, v.Refusal()
 	}
 	return v, nil
 }
@@ -288,7 +293,7 @@ func toStatus(err error) error {
 	case errors.Is(err, volume.ErrNoSpace):
 		code = codes.ResourceExhausted
 	case errors.Is(err, volume.ErrBusy), errors.Is(err, volume.ErrMismatch), errors.Is(err, volume.ErrNotSupported),
-		errors.Is(err, volume.ErrUnsafe), errors.Is(err, volume.ErrOrphaned):
+		errors.Is(err, volume.ErrUnsafe), errors.Is(err, volume.ErrOrphaned), errors.Is(err, volume.ErrNewer):
 		code = codes.FailedPrecondition
 	case errors.Is(err, volume.ErrNotReady):
 		code = codes.Unavailable
