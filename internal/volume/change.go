@@ -263,7 +263,7 @@ func (s *Store) thicken(v *Volume) error {
 		return fmt.Errorf("make %s thick: %w", v.Name, err)
 	}
 	if need := v.SizeBytes - s.allocated(v.UUID); need > sp.FreeBytes {
-		return fmt.Errorf("make %s thick: %s more must be allocated, %s are free: %w", v.Name, FormatSize(need), FormatSize(sp.FreeBytes), ErrNoSpace)
+		return fmt.Errorf("make %s thick: %w", v.Name, s.inStore(sp.fitsNow(need, "the rest of its blocks")))
 	}
 	fd, _, _, err := s.openOwned(v, "make thick")
 	if err != nil {
@@ -271,7 +271,7 @@ func (s *Store) thicken(v *Volume) error {
 	}
 	defer unix.Close(fd)
 	if err := reallocate(fd, v.SizeBytes); err != nil {
-		return fmt.Errorf("make %s thick: %w", v.Name, err)
+		return fmt.Errorf("make %s thick: %w", v.Name, s.inStore(err))
 	}
 	return nil
 }

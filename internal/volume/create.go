@@ -320,19 +320,22 @@ func (s *Store) build(ctx context.Context, v *Volume, req CreateRequest) (err er
 	}()
 	crashPoint("create:reserved")
 	bare := false
+	// The backing file and what is written onto it (a copy, mkfs, a new
+	// identity) are all in the store: a failure for want of room there
+	// is the store's.
 	if req.source != nil {
 		err = s.fillFromSource(ctx, v, req)
 	} else {
 		bare, err = s.makeBacking(ctx, v, !req.KeepAttached)
 	}
 	if err != nil {
-		return err
+		return s.inStore(err)
 	}
 	crashPoint("create:file")
 	var dev *loop.Device
 	if !bare {
 		if dev, err = s.attachFormatted(ctx, v, req); err != nil {
-			return err
+			return s.inStore(err)
 		}
 	}
 	crashPoint("create:formatted")

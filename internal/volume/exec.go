@@ -9,6 +9,8 @@ import (
 	"runtime"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // runner runs external programs (mkfs, sgdisk, blkid, ...) without a shell,
@@ -42,7 +44,34 @@ func (execRunner) run(ctx context.Context, name string, args ...string) ([]byte,
 		if len(msg) > 2000 {
 			msg = msg[len(msg)-2000:]
 		}
-		return stdout.Bytes(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, msg)
+		err = fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, msg)
+		if errno := reportedErrno(msg); errno != 0 {
+			err = reportedError{err, errno}
+		}
+		return stdout.Bytes(), err
 	}
 	return stdout.Bytes(), nil
 }
+
+// reportedErrno is ENOSPC or EDQUOT where a program's output reports it
+// in strerror's words (LC_ALL=C: "No space left on device", "Disk quota
+// exceeded"), else 0: a program that ran out of room says so only there.
+func reportedErrno(output string) unix.Errno {
+	output = strings.ToLower(output)
+	for _, errno := range []unix.Errno{unix.ENOSPC, unix.EDQUOT} {
+		if strings.Contains(output, errno.Error()) {
+			return errno
+		}
+	}
+	return 0
+}
+
+// reportedError is a program's failure whose output reports errno:
+// errors.Is finds it as it finds a system call's, its message is the
+// program's.
+type reportedError struct {
+	error
+	errno unix.Errno
+}
+
+func (e reportedError) Unwrap() []error { return []error{e.error, e.errno} }

@@ -90,11 +90,12 @@ func (s *Store) Expand(ctx context.Context, ref string, newSize int64, opts Expa
 			err = unix.Fsync(fd) // the size, before a device or filesystem relies on it
 		}
 		if err != nil {
-			return s.fileNotGrown(v, fmt.Errorf("expand %s: %w", v.Name, err))
+			return s.fileNotGrown(v, fmt.Errorf("expand %s: %w", v.Name, s.inStore(err)))
 		}
 		crashPoint("expand:file")
+		// The partition table and filesystem grow in the backing file.
 		if err := s.growDevice(ctx, v, opts.FileOnly); err != nil {
-			return err
+			return s.inStore(err)
 		}
 		crashPoint("expand:grown")
 		v.SizeBytes, v.ExpandingTo = target, 0

@@ -260,11 +260,13 @@ func (s *Store) Import(ctx context.Context, r io.Reader, req ImportRequest) (*Vo
 		}
 		return nil
 	})
+	// What readStream's callbacks write goes into the store; the stream
+	// is only read.
 	if err != nil {
-		return nil, fmt.Errorf("import %s: %w", req.Name, err)
+		return nil, fmt.Errorf("import %s: %w", req.Name, s.inStore(err))
 	}
 	if err := unix.Fsync(fd); err != nil {
-		return nil, fmt.Errorf("import %s: %w", req.Name, err)
+		return nil, fmt.Errorf("import %s: %w", req.Name, s.inStore(err))
 	}
 	crashPoint("import:checked")
 	creq := CreateRequest{

@@ -1,8 +1,10 @@
 package volume
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"io/fs"
 	"os"
 	osexec "os/exec"
@@ -165,7 +167,7 @@ func fillUp(t *testing.T, s *Store, inodes bool) string {
 // nothing: deleting them is how the room is made.
 func TestDeleteOnFullStore(t *testing.T) {
 	tests := []struct {
-		fs     string
+		fs     string // the store's
 		size   int64
 		inodes bool
 	}{
@@ -220,5 +222,79 @@ func TestCreateWithOneInodeLeft(t *testing.T) {
 	}
 	if after := storeTree(t, s); !slices.Equal(after, before) {
 		t.Errorf("the store changed:\n%q\nwas\n%q", after, before)
+	}
+}
+
+// TestNoRoomMidway: an operation that runs out of room on the store's
+// filesystem midway (mkfs.xfs, an import's data, a record's rename or
+// temporary file) fails with ErrNoRoom, not ErrNoSpace (nothing refused it up
+// front), as a *SpaceError naming the store, and leaves the store as it
+// was.
+func TestNoRoomMidway(t *testing.T) {
+	ctx := context.Background()
+	first := func(s *Store) io.Reader {
+		rawVolume(t, s, "first") // the store's own directories and locks
+		return nil
+	}
+	tests := []struct {
+		name   string
+		fs     string // the store's
+		size   int64
+		inodes bool                     // fill the inodes, not the blocks
+		setup  func(s *Store) io.Reader // before the store is filled
+		op     func(s *Store, in io.Reader) error
+	}{
+		{"create ext4", "xfs", 320 << 20, false, first, func(s *Store, _ io.Reader) error {
+			// mke2fs zeroes a file by punching holes and needs little
+			// room: this one fails at its ready record, after mkfs.
+			_, err := s.Create(ctx, CreateRequest{Name: "v", SizeBytes: 1 << 30})
+			return err
+		}},
+		{"create xfs", "xfs", 320 << 20, false, first, func(s *Store, _ io.Reader) error {
+			_, err := s.Create(ctx, CreateRequest{Name: "v", SizeBytes: 300 << 20, FSType: "xfs"})
+			return err
+		}},
+		{"import", "ext4", 64 << 20, false, func(s *Store) io.Reader {
+			v := mustCreate(t, s, CreateRequest{Name: "src", SizeBytes: 16 << 20, Mode: ModeBlock, NoPartition: true})
+			writeFileAt(t, v.BackingFile, 0, 8<<20)
+			var stream bytes.Buffer
+			if _, err := s.Export(ctx, v.Name, &stream, StreamOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			return &stream
+		}, func(s *Store, in io.Reader) error {
+			_, err := s.Import(ctx, in, ImportRequest{Name: "v"})
+			return err
+		}},
+		{"record", "ext4", 64 << 20, true, func(s *Store) io.Reader {
+			rawVolume(t, s, "v")
+			return nil
+		}, func(s *Store, _ io.Reader) error {
+			_, err := s.Change("v", Change{Labels: map[string]string{"k": "v"}})
+			return err
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := smallStore(t, tt.fs, tt.size, Options{OvercommitRatio: 1e6})
+			var in io.Reader
+			if tt.setup != nil {
+				in = tt.setup(s)
+			}
+			if tt.inodes {
+				fillUp(t, s, true)
+			} else {
+				fillStore(t, s, 256<<10)
+			}
+			before := storeTree(t, s)
+			err := tt.op(s, in)
+			var se *SpaceError
+			if !errors.Is(err, ErrNoRoom) || errors.Is(err, ErrNoSpace) || !errors.As(err, &se) || se.Store != s.Root() {
+				t.Fatalf("on a full store: %v (%#v), want ErrNoRoom as a *SpaceError of %s", err, se, s.Root())
+			}
+			if after := storeTree(t, s); !slices.Equal(after, before) {
+				t.Errorf("the store changed:\n%q\nwas\n%q", after, before)
+			}
+		})
 	}
 }

@@ -125,7 +125,7 @@ func (s *Store) writeSnapMeta(sn *Snapshot, flush fsutil.Flush) error {
 		return fmt.Errorf("write metadata of snapshot %s: %w", sn.Name, err)
 	}
 	data = append(data, '\n')
-	if err := putRecord(s.snapMetaPath(sn.UUID), data, flush, sn.State == StateDeleting); err != nil {
+	if err := s.putRecord(s.snapMetaPath(sn.UUID), data, flush, sn.State == StateDeleting); err != nil {
 		return fmt.Errorf("write metadata of snapshot %s: %w", sn.Name, err)
 	}
 	return nil
@@ -651,7 +651,7 @@ func (s *Store) copyIntoSnapshot(ctx context.Context, sn *Snapshot, src int, pro
 	method, err := s.copyFile(ctx, dst, src, st.Size, progress)
 	if err != nil {
 		unix.Close(dst)
-		return "", -1, fmt.Errorf("copy into %s: %w", s.snapPath(sn.UUID), err)
+		return "", -1, fmt.Errorf("copy into %s: %w", s.snapPath(sn.UUID), s.inStore(err))
 	}
 	return method, dst, nil
 }
@@ -673,7 +673,7 @@ func (s *Store) createIn(dir int, name, kind, path string) (int, error) {
 		return fd, nil
 	}
 	if err != nil {
-		return -1, &os.PathError{Op: "create", Path: path, Err: err}
+		return -1, s.inStore(&os.PathError{Op: "create", Path: path, Err: err})
 	}
 	return fd, nil
 }

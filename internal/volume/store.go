@@ -461,7 +461,7 @@ func (s *Store) openLockIn(dir int, name string, flags int, create bool) (int, e
 			return fd, nil
 		}
 		if !errors.Is(err, unix.EEXIST) {
-			return -1, &os.PathError{Op: "create", Path: path, Err: err}
+			return -1, s.inStore(&os.PathError{Op: "create", Path: path, Err: err})
 		}
 	}
 	fd, _, err := s.openIn(dir, name, "lock file", path, flags)
@@ -486,7 +486,7 @@ func (s *Store) putMeta(v *Volume, flush fsutil.Flush) error {
 		return fmt.Errorf("write metadata of %s: %w", v.Name, err)
 	}
 	data = append(data, '\n')
-	if err := putRecord(s.metaPath(v.UUID), data, flush, v.State == StateDeleting); err != nil {
+	if err := s.putRecord(s.metaPath(v.UUID), data, flush, v.State == StateDeleting); err != nil {
 		return fmt.Errorf("write metadata of %s: %w", v.Name, err)
 	}
 	return nil
@@ -498,13 +498,14 @@ func (s *Store) putMeta(v *Volume, flush fsutil.Flush) error {
 // old one in place (fsutil.Overwrite) where the store's filesystem has
 // no room for a new file: a delete is how room is made, so it must need
 // none. A crash may tear that record; a torn record is broken, and a
-// delete removes a broken volume or snapshot too.
-func putRecord(path string, data []byte, flush fsutil.Flush, deleting bool) error {
+// delete removes a broken volume or snapshot too. Any other record the
+// filesystem has no room for is ErrNoRoom.
+func (s *Store) putRecord(path string, data []byte, flush fsutil.Flush, deleting bool) error {
 	err := fsutil.ReplaceFile(path, data, 0o600, flush)
 	if deleting && fsutil.NoRoom(err) {
 		err = fsutil.Overwrite(path, data)
 	}
-	return err
+	return s.inStore(err)
 }
 
 // maxRecordSize bounds what a volume's or snapshot's metadata file may
@@ -821,7 +822,7 @@ func (s *Store) checkSpaceIn(vols []*Volume, sns []*Snapshot, delta int64, thick
 	if err != nil {
 		return err
 	}
-	return sp.allows(delta, thick)
+	return s.inStore(sp.allows(delta, thick))
 }
 
 // freeAllows reports whether the policy allows growth by delta with no
@@ -881,9 +882,34 @@ func (sp Space) allows(delta int64, thick bool) error {
 // thin volume's writes with it. what names the allocation.
 func (sp Space) fitsNow(need int64, what string) error {
 	if need > sp.FreeBytes {
-		return fmt.Errorf("%s requested for %s, %s are free: %w", FormatSize(need), what, FormatSize(sp.FreeBytes), ErrNoSpace)
+		return &SpaceError{Err: fmt.Errorf("%s requested for %s, %s are free: %w", FormatSize(need), what, FormatSize(sp.FreeBytes), ErrNoSpace), NoRoom: true}
 	}
 	return nil
+}
+
+// inStore makes err a *SpaceError of s where it is one for want of room:
+// a refusal (ErrNoSpace), or a write into the store that its filesystem
+// had no room for (fsutil.NoRoom: ENOSPC or EDQUOT, also where a program
+// reports it, see execRunner), which is ErrNoRoom. It is the one rule of
+// that class, called where what failed wrote into the store and nothing
+// else: an ENOSPC from elsewhere (a unit file, an inotify watch) says
+// nothing of the store. Anything else comes back as it is.
+func (s *Store) inStore(err error) error {
+	var se *SpaceError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &se):
+		if se.Store == "" {
+			se.Store = s.root
+		}
+		return err
+	case errors.Is(err, ErrNoSpace):
+		return &SpaceError{Store: s.root, Err: err}
+	case fsutil.NoRoom(err):
+		return &SpaceError{Store: s.root, Err: err, NoRoom: true}
+	}
+	return err
 }
 
 // roomFor is fitsNow on what the store's filesystem has free now.
@@ -892,7 +918,7 @@ func (s *Store) roomFor(need int64, what string) error {
 	if err := unix.Statfs(s.root, &st); err != nil {
 		return fmt.Errorf("statfs %s: %w", s.root, err)
 	}
-	return Space{FreeBytes: int64(st.Bavail) * st.Bsize}.fitsNow(need, what)
+	return s.inStore(Space{FreeBytes: int64(st.Bavail) * st.Bsize}.fitsNow(need, what))
 }
 
 // Available is how much a new volume may take: CapacityBytes, and for a

@@ -39,8 +39,17 @@ var (
 	ErrNotFound = errors.New("volume not found")
 	// ErrExists: a volume with that name or UUID exists already.
 	ErrExists = errors.New("volume already exists")
-	// ErrNoSpace: the store's overcommit policy refuses the size.
+	// ErrNoSpace: the store refuses the size before anything changed:
+	// its overcommit policy does, or (with ErrNoRoom) what its
+	// filesystem has free cannot hold what would be allocated at once.
+	// It comes as a *SpaceError.
 	ErrNoSpace = errors.New("not enough space in store")
+	// ErrNoRoom: the store's filesystem has not the room (no block or
+	// inode left: ENOSPC; the quota spent: EDQUOT) for what was to be
+	// written into the store. Alone it is an operation that failed midway
+	// (what it did is undone where a failure is; see the operation); with
+	// ErrNoSpace a request refused up front. It comes as a *SpaceError.
+	ErrNoRoom = errors.New("no room left on the store's filesystem")
 	// ErrBusy: the volume is mounted or open and the operation was refused.
 	ErrBusy = errors.New("volume in use")
 	// ErrNotReady: the volume exists but an earlier create did not finish.
@@ -65,6 +74,27 @@ var (
 	// still holds its data; detaching would lose it (see Recover).
 	ErrOrphaned = errors.New("volume orphaned: backing file gone, data only on its device")
 )
+
+// SpaceError is the one form of ErrNoSpace and ErrNoRoom: a failure for
+// want of room in a store. Store is the store's directory, where room is
+// made, which the advice callers give names; Err is the failure as it
+// happened, its message unchanged.
+type SpaceError struct {
+	Store string
+	Err   error
+	// NoRoom: the store's filesystem lacks the room (errors.Is finds
+	// ErrNoRoom); otherwise the overcommit policy refused.
+	NoRoom bool
+}
+
+func (e *SpaceError) Error() string { return e.Err.Error() }
+
+func (e *SpaceError) Unwrap() []error {
+	if e.NoRoom {
+		return []error{e.Err, ErrNoRoom}
+	}
+	return []error{e.Err}
+}
 
 // Mode is how a volume is consumed.
 type Mode string
