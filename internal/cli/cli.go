@@ -338,6 +338,10 @@ func execute(ctx context.Context, root *cobra.Command, args []string, stderr io.
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", root.Name(), err)
+		var space *volume.SpaceError
+		if stopped == nil && errors.As(err, &space) {
+			fmt.Fprintf(stderr, "%s: %s\n", root.Name(), space.Advice("--overcommit-ratio"))
+		}
 	}
 	if stopped != nil {
 		return ExitFailure

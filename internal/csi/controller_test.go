@@ -210,6 +210,20 @@ func TestToStatus(t *testing.T) {
 	if toStatus(nil) != nil {
 		t.Error("toStatus(nil) is not nil")
 	}
+	// Want of room is ResourceExhausted with the advice that fits, naming
+	// the store: a midway failure (ErrNoRoom alone) as well as a refusal.
+	for _, tc := range []struct {
+		err    *volume.SpaceError
+		advice string
+	}{
+		{&volume.SpaceError{Store: "/s", Err: wrap(volume.ErrNoSpace)}, "raise the plugin's --overcommit-ratio"},
+		{&volume.SpaceError{Store: "/s", Err: errors.New("mkfs.xfs: write failed: No space left on device"), NoRoom: true}, "has no room left"},
+	} {
+		err := toStatus(fmt.Errorf("create x: %w", tc.err))
+		if msg := status.Convert(err).Message(); status.Code(err) != codes.ResourceExhausted || !strings.Contains(msg, tc.advice) || !strings.Contains(msg, "/s") {
+			t.Errorf("toStatus(%v) = %v; want ResourceExhausted saying %q about /s", tc.err, err, tc.advice)
+		}
+	}
 }
 
 func TestInflight(t *testing.T) {

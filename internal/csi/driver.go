@@ -290,8 +290,12 @@ func toStatus(err error) error {
 		code = codes.NotFound
 	case errors.Is(err, volume.ErrExists):
 		code = codes.AlreadyExists
-	case errors.Is(err, volume.ErrNoSpace):
+	case errors.Is(err, volume.ErrNoSpace), errors.Is(err, volume.ErrNoRoom):
 		code = codes.ResourceExhausted
+		var space *volume.SpaceError
+		if errors.As(err, &space) {
+			return status.Error(code, err.Error()+"; "+space.Advice("the plugin's --overcommit-ratio (chart value overcommitRatio)"))
+		}
 	case errors.Is(err, volume.ErrBusy), errors.Is(err, volume.ErrMismatch), errors.Is(err, volume.ErrNotSupported),
 		errors.Is(err, volume.ErrUnsafe), errors.Is(err, volume.ErrOrphaned), errors.Is(err, volume.ErrNewer):
 		code = codes.FailedPrecondition
