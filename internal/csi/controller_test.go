@@ -199,6 +199,8 @@ func TestToStatus(t *testing.T) {
 		{wrap(volume.ErrNotSupported), codes.FailedPrecondition},
 		{wrap(volume.ErrNewer), codes.FailedPrecondition},
 		{wrap(context.DeadlineExceeded), codes.DeadlineExceeded},
+		{wrap(errFrozen), codes.Aborted},
+		{errors.Join(wrap(volume.ErrNoRoom), wrap(errFrozen)), codes.ResourceExhausted},
 		{errors.New("mkfs exploded"), codes.Internal},
 		{status.Error(codes.Aborted, "busy"), codes.Aborted},
 	}

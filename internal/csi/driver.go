@@ -269,8 +269,10 @@ func checkManaged(v *volume.Volume, instead string) error {
 	return status.Errorf(codes.FailedPrecondition, "volume %s (%s) was not created by the CSI driver%s", v.UUID, v.Name, instead)
 }
 
-// toStatus converts a store error into a gRPC status, classifying with
-// errors.Is. It is the only place where store errors become codes.
+// toStatus converts a store error (or the driver's errFrozen) into a gRPC
+// status, classifying with errors.Is. It is the only place where store
+// errors become codes. errFrozen comes last: where a refused record's
+// put-back also met a frozen filesystem, the store's error decides.
 func toStatus(err error) error {
 	if err == nil {
 		return nil
@@ -301,6 +303,8 @@ func toStatus(err error) error {
 		code = codes.FailedPrecondition
 	case errors.Is(err, volume.ErrNotReady):
 		code = codes.Unavailable
+	case errors.Is(err, errFrozen):
+		code = codes.Aborted
 	}
 	return status.Error(code, err.Error())
 }

@@ -87,7 +87,8 @@ func checkDiscard(discard, thick bool, mode volume.Mode) error {
 // they are; any other parameter is refused with InvalidArgument naming
 // it, before anything changes. What is recorded is what took effect: a
 // change refused anywhere leaves the record and the filesystem as they
-// were.
+// were. A discard change while a snapshot holds the filesystem frozen is
+// Aborted (errFrozen): the CO retries, and it works once thawed.
 func (d *Driver) ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
@@ -208,8 +209,9 @@ func changeFor(v *volume.Volume, params map[string]string) (volume.Change, *bool
 // reach the volume's filesystem (openMounted), by fspick and fsconfig on
 // that fd, so what is mounted over a mount point of the volume is never
 // reconfigured. A filesystem that keeps its setting on a live mount (XFS)
-// is volume.ErrBusy, with nothing changed. The caller holds the
-// volume's in-flight guard.
+// is volume.ErrBusy, a frozen one (a snapshot in progress) errFrozen,
+// each with nothing changed. The caller holds the volume's in-flight
+// guard.
 func (d *Driver) setDiscard(id string, on bool) (putBack func() error, err error) {
 	st, err := d.store.Status(id)
 	if err != nil {
@@ -261,10 +263,18 @@ func openMounted(st *volume.Status) (fd int, mountPoint string, err error) {
 		strings.Join(why, "; "), volume.ErrUnsafe)
 }
 
+// errFrozen: the volume's filesystem is frozen (FIFREEZE), which a
+// snapshot of the volume holds while it copies, and the kernel refused to
+// reconfigure it; nothing was changed. It is over once the filesystem is
+// thawed: toStatus makes it Aborted, which the CO retries.
+var errFrozen = errors.New("its filesystem is frozen, as a snapshot of the volume in progress holds it (or someone's fsfreeze --freeze); nothing was changed: retry once the snapshot is done and the filesystem thawed")
+
 // reconfigureDiscard sets the superblock option discard (or nodiscard) of
 // the filesystem fd is at the root of a mount of (fspick), through a
 // filesystem context of its own: no path is looked up, no process run.
-// The caller owns fd.
+// A frozen filesystem, which the kernel refuses to reconfigure (EBUSY:
+// a change of a flag other than ro is refused only so), is errFrozen,
+// with nothing changed. The caller owns fd.
 func reconfigureDiscard(fd int, on bool) error {
 	opt := "nodiscard"
 	if on {
@@ -278,7 +288,11 @@ func reconfigureDiscard(fd int, on bool) error {
 	if err := unix.FsconfigSetFlag(fc, opt); err != nil {
 		return fmt.Errorf("fsconfig %s: %w", opt, err)
 	}
-	if err := unix.FsconfigReconfigure(fc); err != nil {
+	err = unix.FsconfigReconfigure(fc)
+	if errors.Is(err, unix.EBUSY) {
+		return fmt.Errorf("fsconfig reconfigure with %s: %w: %w", opt, err, errFrozen)
+	}
+	if err != nil {
 		return fmt.Errorf("fsconfig reconfigure with %s: %w", opt, err)
 	}
 	return nil

@@ -2,11 +2,13 @@ package csi
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -293,4 +295,84 @@ func superOption(t testing.TB, dev, opt string) bool {
 		t.Fatalf("mounts of %s: %v, %v", dev, infos, err)
 	}
 	return slices.Contains(strings.Split(infos[0].VFSOptions, ","), opt)
+}
+
+// TestModifyDiscardWhileFrozen changes discard of a staged volume while
+// its filesystem is frozen, as a snapshot's copy holds it (FIFREEZE on
+// the staging mount point): the kernel refuses the reconfigure, and the
+// call is Aborted, saying a snapshot holds the filesystem frozen and to
+// retry, with neither the filesystem nor the record changed. Once thawed,
+// the same call works.
+func TestModifyDiscardWhileFrozen(t *testing.T) {
+	e := newTestEnv(t)
+	ctx := context.Background()
+	c := rwCap(volume.ModeFilesystem, "ext4")
+	vol := e.createVolume(t, "discard-frozen", 32<<20, c, nil)
+	p := e.stageAndPublish(t, vol.GetVolumeId(), c)
+	t.Cleanup(func() { e.teardown(t, p) })
+	st, err := e.store.Status(p.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta := filepath.Join(e.store.Root(), p.id+".json")
+	before, err := os.ReadFile(meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	thaw := freezeAt(t, p.staging)
+	modify := &csi.ControllerModifyVolumeRequest{VolumeId: p.id, MutableParameters: map[string]string{ParamDiscard: "true"}}
+	_, err = e.ctrl.ControllerModifyVolume(ctx, modify)
+	wantCode(t, err, codes.Aborted)
+	if msg := status.Convert(err).Message(); !strings.Contains(msg, "snapshot") || !strings.Contains(msg, "frozen") || !strings.Contains(msg, "retry") {
+		t.Errorf("message %q does not say a snapshot holds the filesystem frozen and to retry", msg)
+	}
+	thaw()
+	if superOption(t, st.DataDevice, "discard") {
+		t.Errorf("the frozen filesystem was given discard")
+	}
+	if after, _ := os.ReadFile(meta); string(after) != string(before) {
+		t.Errorf("a refused modify changed the metadata")
+	}
+	if _, err := e.ctrl.ControllerModifyVolume(ctx, modify); err != nil {
+		t.Fatalf("retry after the thaw: %v", err)
+	}
+	if !superOption(t, st.DataDevice, "discard") {
+		t.Errorf("after the retry the filesystem has no discard")
+	}
+	if v, _ := e.store.Get(p.id); v.Labels[LabelDiscard] != "true" {
+		t.Errorf("labels after the retry: %v", v.Labels)
+	}
+}
+
+// The freeze ioctls, _IOWR('X', 119, int) and _IOWR('X', 120, int), as
+// the store's freeze (internal/volume/freeze.go) issues them.
+const (
+	ioctlFIFREEZE = 0xc0045877
+	ioctlFITHAW   = 0xc0045878
+)
+
+// freezeAt freezes the filesystem mounted at dir (FIFREEZE on the mount
+// point, as a snapshot's quiesce does) and returns its thaw, which
+// Cleanup also runs; a second thaw is no error.
+func freezeAt(t testing.TB, dir string) (thaw func()) {
+	t.Helper()
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.IoctlSetInt(fd, ioctlFIFREEZE, 0); err != nil {
+		unix.Close(fd)
+		t.Fatalf("FIFREEZE %s: %v", dir, err)
+	}
+	var once sync.Once
+	thaw = func() {
+		once.Do(func() {
+			if err := unix.IoctlSetInt(fd, ioctlFITHAW, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+				t.Errorf("FITHAW %s: %v", dir, err)
+			}
+			unix.Close(fd)
+		})
+	}
+	t.Cleanup(thaw)
+	return thaw
 }
