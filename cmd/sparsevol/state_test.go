@@ -152,6 +152,7 @@ func TestNewerRecordsCLI(t *testing.T) {
 		{"snapshot delete by uuid", []string{"snapshot", "delete", snap}, 1, newerSnap},
 		{"create --from-snapshot", []string{"create", "r", "--from-snapshot", "snew"}, 1, newerSnap},
 		{"export the snapshot", []string{"export", "snew"}, 1, newerSnap},
+		{"snapshot of its name", []string{"snapshot", "create", "good", "snew"}, 2, append([]string{`"snew" is taken: snapshot ` + snap}, newerSnap...)},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			before := snapshot(t, root)

@@ -562,6 +562,10 @@ func (s *Store) reserveSnapshot(v *Volume, name string, opts SnapshotOptions) (*
 		if sn.Name != name {
 			continue
 		}
+		if sn.Refusal() != nil {
+			// A stand-in: its source is not known, its record says why.
+			return nil, fmt.Errorf("snapshot name %q is taken: %s: %w", name, sn.Problem, ErrExists)
+		}
 		if sn.SourceUUID != v.UUID {
 			return nil, fmt.Errorf("snapshot name %q is taken by a snapshot of volume %s: %w", name, sn.SourceName, ErrExists)
 		}
