@@ -3,8 +3,10 @@ package attack
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -24,6 +26,27 @@ func replaceWithSymlink(t *testing.T, file, target string) {
 		t.Fatal(err)
 	}
 	if err := os.Symlink(target, file); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rewriteRecord sets fields of the JSON record at path, as a hand or a
+// release other than this one might.
+func rewriteRecord(t *testing.T, path string, fields map[string]any) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	maps.Copy(m, fields)
+	if b, err = json.Marshal(m); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -1,8 +1,6 @@
 package attack
 
 import (
-	"encoding/json"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,20 +14,7 @@ func TestMetadataBackingFileIgnored(t *testing.T) {
 	s := c.store("s")
 	u := c.create(s, "v")
 	victim := c.ext4Image("host-image")
-	meta := filepath.Join(s, u+".json")
-	b, err := os.ReadFile(meta)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
-	}
-	m["backingFile"] = victim
-	b, _ = json.Marshal(m)
-	if err := os.WriteFile(meta, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	rewriteRecord(t, filepath.Join(s, u+".json"), map[string]any{"backingFile": victim})
 	want := digest(victim)
 	victimBound := func(when string) {
 		for dev, l := range c.loops() {

@@ -3,6 +3,7 @@ package attack
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,42 +16,51 @@ import (
 // host file, a file of 64 MiB: list shows that volume as broken, naming
 // the file, without blocking, following the link or reading the big file;
 // the rest of the store works; doctor exits 1; delete by UUID removes it
-// (a link itself, not what it names).
+// (a link itself, not what it names). One of a newer format than the
+// binary reads, whatever else it says, is listed as newer and kept:
+// delete, even --force, exits 1 and changes nothing.
 func TestTruncatedMetadata(t *testing.T) {
 	for _, tt := range []struct {
 		name string
-		// plant makes the hostile record; why is what the listing
-		// must say of it.
+		// plant makes the hostile record; state and why are what the
+		// listing must say of it.
 		plant func(c *kase, meta string)
+		state string
 		why   string
 	}{
 		{"truncated", func(c *kase, meta string) {
 			if err := os.Truncate(meta, 20); err != nil {
 				c.t.Fatal(err)
 			}
-		}, "unexpected end of JSON input"},
+		}, "broken", "unexpected end of JSON input"},
 		{"FIFO", func(c *kase, meta string) {
 			mustReplace(c.t, meta, func() error { return unix.Mkfifo(meta, 0o600) })
-		}, "not a regular file"},
+		}, "broken", "not a regular file"},
 		{"link to a host file", func(c *kase, meta string) {
 			victim := c.victim("host.json", 4096)
 			c.watch(victim)
 			replaceWithSymlink(c.t, meta, victim)
-		}, "a symbolic link, not followed"},
+		}, "broken", "a symbolic link, not followed"},
 		{"64 MiB", func(c *kase, meta string) {
 			if err := os.Truncate(meta, 64<<20); err != nil {
 				c.t.Fatal(err)
 			}
-		}, "more than 1048576"},
+		}, "broken", "more than 1048576"},
+		{"newer format", func(c *kase, meta string) {
+			// Fields that, read as this binary's, would send a delete
+			// to a host file.
+			rewriteRecord(c.t, meta, map[string]any{"format": math.MaxInt32, "state": "deleting",
+				"backingFile": c.ext4Image("host-image"), "ioLimits": "per-tenant"})
+		}, "newer", "upgrade sparsevol"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			hostileMetadata(t, tt.plant, tt.why)
+			hostileMetadata(t, tt.plant, tt.state, tt.why)
 		})
 	}
 }
 
-func hostileMetadata(t *testing.T, plant func(c *kase, meta string), why string) {
+func hostileMetadata(t *testing.T, plant func(c *kase, meta string), state, why string) {
 	c := newCase(t)
 	s := c.store("s")
 	good := c.create(s, "good")
@@ -67,13 +77,13 @@ func hostileMetadata(t *testing.T, plant func(c *kase, meta string), why string)
 	for _, v := range vols {
 		if v["uuid"] == bad {
 			found = true
-			if v["state"] != "broken" || !strings.Contains(fmt.Sprint(v), meta) || !strings.Contains(fmt.Sprint(v), why) {
-				t.Errorf("broken volume listed as %v; want state broken naming %s: %s", v, meta, why)
+			if v["state"] != state || !strings.Contains(fmt.Sprint(v), meta) || !strings.Contains(fmt.Sprint(v), why) {
+				t.Errorf("hostile volume listed as %v; want state %s naming %s: %s", v, state, meta, why)
 			}
 		}
 	}
 	if r.code == 0 && !found {
-		t.Errorf("list does not show the broken volume %s: %s", bad, r.stdout)
+		t.Errorf("list does not show the hostile volume %s: %s", bad, r.stdout)
 	}
 	c.expectCode(c.sv(s, "status", "good"), 0)
 	c.expectCode(c.sv(s, "attach", good), 0)
@@ -83,6 +93,13 @@ func hostileMetadata(t *testing.T, plant func(c *kase, meta string), why string)
 	c.expectCode(r, 1)
 	if dev != "" && advisesDetach(r.stdout+r.stderr, dev) {
 		t.Errorf("doctor advises detaching the healthy volume's %s:\n%s", dev, r.stdout)
+	}
+	if state == "newer" {
+		before := c.snapshot()
+		c.expectCode(c.sv(s, "delete", bad), 1)
+		c.expectCode(c.sv(s, "delete", "--force", bad), 1)
+		c.unchanged(before)
+		return
 	}
 	c.expectCode(c.sv(s, "delete", bad), 0)
 	for _, p := range []string{meta, filepath.Join(s, bad)} {
