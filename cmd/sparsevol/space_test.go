@@ -11,8 +11,8 @@ import (
 	"github.com/sparsevol/sparsevol/internal/testutil"
 )
 
-// TestNoRoomAdvice: a command that finds no room in the store ends with
-// one sentence naming the store and what to do, once: raise
+// TestNoRoomAdvice: a command that finds no room in the store ends its
+// one error line with what to do, naming the store, once: raise
 // --overcommit-ratio only where the policy refused (exit 2), make room
 // where the filesystem lacks it, up front (exit 2) or midway (exit 1).
 func TestNoRoomAdvice(t *testing.T) {
@@ -50,7 +50,7 @@ func TestNoRoomAdvice(t *testing.T) {
 	}{
 		{"policy", func(t *testing.T) string { return newRoot(t) },
 			[]string{"--overcommit-ratio", "1", "create", "big", "--size", "100T", "--no-start"},
-			2, "may not promise more space", ""},
+			2, "or raise --overcommit-ratio", ""},
 		{"thick", func(t *testing.T) string { return small(t, 8<<20) },
 			[]string{"--overcommit-ratio", "100", "create", "thick", "--size", "64M", "--mode", "block", "--no-partition", "--preallocate", "--no-start"},
 			2, "has no room left", "--overcommit-ratio"},
@@ -67,6 +67,9 @@ func TestNoRoomAdvice(t *testing.T) {
 			}
 			if strings.Count(r.stderr, tc.advice) != 1 || !strings.Contains(r.stderr, root) {
 				t.Errorf("stderr does not say %q once, naming the store %s:\n%s", tc.advice, root, r.stderr)
+			}
+			if n := strings.Count(r.stderr, "\nsparsevol: ") + strings.Count(r.stderr[:min(len(r.stderr), 11)], "sparsevol: "); n != 1 {
+				t.Errorf("want one error line, got %d:\n%s", n, r.stderr)
 			}
 			if tc.not != "" && strings.Contains(r.stderr, tc.not) {
 				t.Errorf("stderr suggests %s, which cannot help here:\n%s", tc.not, r.stderr)

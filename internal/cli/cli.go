@@ -337,10 +337,11 @@ func execute(ctx context.Context, root *cobra.Command, args []string, stderr io.
 		err = fmt.Errorf("%w: %w", stopped, err)
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", root.Name(), err)
 		var space *volume.SpaceError
 		if stopped == nil && errors.As(err, &space) {
-			fmt.Fprintf(stderr, "%s: %s\n", root.Name(), space.Advice("--overcommit-ratio"))
+			fmt.Fprintf(stderr, "%s: %v; %s\n", root.Name(), err, space.Advice("--overcommit-ratio"))
+		} else {
+			fmt.Fprintf(stderr, "%s: %v\n", root.Name(), err)
 		}
 	}
 	if stopped != nil {

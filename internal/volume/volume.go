@@ -89,16 +89,17 @@ type SpaceError struct {
 
 func (e *SpaceError) Error() string { return e.Err.Error() }
 
-// Advice says what to do about e, naming the store; raise says how the
-// caller's user raises the overcommit ratio (a flag, a chart value),
-// which helps only where the policy refused and the filesystem has the
-// room. The CLI and the plugin end their refusals with it.
+// Advice says what to do about e, naming the store, as a clause the
+// caller puts after the error on its line; raise says how the caller's
+// user raises the overcommit ratio (a flag, a chart value), which helps
+// only where the policy refused and the filesystem has the room. The CLI
+// and the plugin end their refusals with it.
 func (e *SpaceError) Advice(raise string) string {
 	if e.NoRoom {
-		return fmt.Sprintf("the store's filesystem (store %s) has no room left: make room on it (delete volumes or snapshots no longer needed, or other files there), then retry",
+		return fmt.Sprintf("the store's filesystem has no room left: make room on it (store %s: delete volumes or snapshots no longer needed, or other files there), then retry",
 			Shown(e.Store))
 	}
-	return fmt.Sprintf("the store %s may not promise more space: make room on its filesystem (delete volumes or snapshots no longer needed), or raise %s, then retry",
+	return fmt.Sprintf("make room on the store's filesystem (store %s: delete volumes or snapshots no longer needed), or raise %s, then retry",
 		Shown(e.Store), raise)
 }
 
