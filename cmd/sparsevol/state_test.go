@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sparsevol/sparsevol/internal/testutil"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
@@ -60,23 +61,11 @@ func TestBrokenVolumeCLI(t *testing.T) {
 // binary does not know.
 func makeNewer(t *testing.T, path string) {
 	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rec map[string]any
-	if err := json.Unmarshal(data, &rec); err != nil {
-		t.Fatal(err)
-	}
-	rec["format"] = volume.RecordFormat + 1
-	rec["state"] = "migrating"
-	rec["ioLimits"] = "per-tenant"
-	if data, err = json.Marshal(rec); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	testutil.EditJSON(t, path, func(rec map[string]any) {
+		rec["format"] = volume.RecordFormat + 1
+		rec["state"] = "migrating"
+		rec["ioLimits"] = "per-tenant"
+	})
 }
 
 // TestNewerRecordsCLI: a volume and a snapshot whose records a newer

@@ -2,7 +2,6 @@ package volume
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"maps"
 	"os"
@@ -194,25 +193,13 @@ func TestDeleteBroken(t *testing.T) {
 // is a map[string]any of the fields to rewrite.
 func corruptRecord(t *testing.T, path, field string, value any) {
 	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rec map[string]any
-	if err := json.Unmarshal(data, &rec); err != nil {
-		t.Fatal(err)
-	}
-	if field == "" {
-		maps.Copy(rec, value.(map[string]any))
-	} else {
-		rec[field] = value
-	}
-	if data, err = json.Marshal(rec); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	testutil.EditJSON(t, path, func(rec map[string]any) {
+		if field == "" {
+			maps.Copy(rec, value.(map[string]any))
+		} else {
+			rec[field] = value
+		}
+	})
 }
 
 // fieldCorruption is a record with one field no store writes (no field:

@@ -2,11 +2,11 @@ package volume
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"os"
 	"strings"
 	"testing"
+
+	"github.com/sparsevol/sparsevol/internal/testutil"
 )
 
 // makeNewer rewrites the record at path as a newer sparsevol might
@@ -137,24 +137,12 @@ func TestRecordFormat(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, path := range []string{s.metaPath(v.UUID), s.snapMetaPath(sn.UUID)} {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var rec map[string]any
-		if err := json.Unmarshal(data, &rec); err != nil {
-			t.Fatal(err)
-		}
-		if rec["format"] != float64(RecordFormat) {
-			t.Errorf("%s carries format %v; want %d", path, rec["format"], RecordFormat)
-		}
-		delete(rec, "format")
-		if data, err = json.Marshal(rec); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
+		testutil.EditJSON(t, path, func(rec map[string]any) {
+			if rec["format"] != float64(RecordFormat) {
+				t.Errorf("%s carries format %v; want %d", path, rec["format"], RecordFormat)
+			}
+			delete(rec, "format")
+		})
 	}
 	if st, err := s.Status("v"); err != nil || st.State != StateReady || st.Format != 0 {
 		t.Errorf("Status of a format-0 record = %+v, %v; want ready, format 0", st, err)

@@ -3,7 +3,6 @@ package attack
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -17,6 +16,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
+
+	"github.com/sparsevol/sparsevol/internal/testutil"
 )
 
 // replaceWithSymlink swaps a volume's backing file for a symlink to target.
@@ -34,21 +35,7 @@ func replaceWithSymlink(t *testing.T, file, target string) {
 // release other than this one might.
 func rewriteRecord(t *testing.T, path string, fields map[string]any) {
 	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
-	}
-	maps.Copy(m, fields)
-	if b, err = json.Marshal(m); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	testutil.EditJSON(t, path, func(rec map[string]any) { maps.Copy(rec, fields) })
 }
 
 // foreignBinding is a loop device someone else made on a volume's file.
