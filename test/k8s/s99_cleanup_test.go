@@ -16,7 +16,10 @@ var _ = scenarios.Add(vmrun.Scenario[*run]{
 	Steps: []vmrun.Placed{
 		vmrun.At("b2-after-reboot", vmrun.Step{Name: "s99-cleanup", Timeout: short, Script: `
 	local i left
-	k delete pod --all --wait=true --timeout=120s || fail "delete pods"
+	# Fourteen pods stop at once: under TCG containerd has been seen
+	# to take over two minutes to reap one of them (its task delete
+	# timing out and retried), so the wait is generous.
+	k delete pod --all --wait=true --timeout=300s || { k get pods -o wide; fail "delete pods"; }
 	k delete pvc --all --wait=false || fail "delete pvcs"
 	k delete pv pv-s1 pv-s2 --wait=true --timeout=60s || true
 	# kubelet unmounts a little after the pod objects are gone.
