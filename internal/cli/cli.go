@@ -28,6 +28,7 @@ import (
 	"github.com/sparsevol/sparsevol/internal/iolimit"
 	"github.com/sparsevol/sparsevol/internal/loop"
 	"github.com/sparsevol/sparsevol/internal/systemd"
+	"github.com/sparsevol/sparsevol/internal/udev"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
@@ -94,6 +95,7 @@ func (g *globals) storeOptions() volume.Options {
 		UdevTimeout:     g.udevWait,
 		AttachedDir:     g.attachedDir(),
 		UdevIdentityDir: g.udevIdentityDir(),
+		Udev:            g.udev(),
 		Logger:          g.logger(),
 		Lifecycle:       g.lifecycle(),
 		IOLimits:        g.ioLimits,
@@ -125,6 +127,14 @@ func (g *globals) udevIdentityDir() string {
 		return ""
 	}
 	return g.units().UdevIdentityDir()
+}
+
+// udev is udevd's runtime directory where udev runs on this node.
+func (g *globals) udev() udev.Dir {
+	if !udev.Host.Running() {
+		return ""
+	}
+	return udev.Host
 }
 
 func (g *globals) units() systemd.Manager {

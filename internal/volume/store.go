@@ -21,6 +21,7 @@ import (
 	"github.com/sparsevol/sparsevol/internal/fsutil"
 	"github.com/sparsevol/sparsevol/internal/iolimit"
 	"github.com/sparsevol/sparsevol/internal/loop"
+	"github.com/sparsevol/sparsevol/internal/udev"
 )
 
 // DefaultRoot is the store directory when neither --root nor
@@ -46,11 +47,17 @@ type Options struct {
 	// that a boot starts with none: units started without a process of
 	// their own at boot assert their file (see the systemd package).
 	AttachedDir string
-	// UdevIdentityDir, if set, is where attach leaves the filesystem
-	// identity of the devices it binds for udev to import instead of
-	// probing (udevid.go); the CLI sets /run/sparsevol/udev where udev
-	// runs, the directory deploy/udev's rule reads.
+	// UdevIdentityDir, if set, is where attach leaves the identity of
+	// the devices it binds for udev to import instead of probing
+	// (udevid.go); the CLI sets /run/sparsevol/udev where udev runs, the
+	// directory deploy/udev's rule reads.
 	UdevIdentityDir string
+	// Udev, if set, is udevd's runtime directory as this process sees it
+	// (udev.Host on the node). Where udev runs there, attach proves that
+	// udev's record of a raw volume's binding was made from the identity
+	// in UdevIdentityDir, not by probing content the volume's user wrote
+	// (udevid.go).
+	Udev udev.Dir
 	// FreezeTimeout bounds how long a snapshot keeps a mounted
 	// filesystem frozen (and how long it waits for the freeze): beyond it
 	// the filesystem is thawed and the snapshot fails. Default 60 s.
