@@ -37,8 +37,9 @@ func (d Dir) Running() bool {
 	return err == nil
 }
 
-// Record is udev's record of one device: the properties (E: lines) of its
-// database entry, DISKSEQ and the ID_* a probe or a rule set among them.
+// Record is udev's record of one device: the properties (E: lines) of
+// its database entry, DISKSEQ and the ID_* a probe or a rule set among
+// them.
 type Record map[string]string
 
 // Record reads udev's record of the block device the kernel names name
@@ -50,7 +51,7 @@ func (d Dir) Record(name string) (rec Record, ok bool, err error) {
 		return nil, false, err
 	}
 	path := filepath.Join(string(d), "data", "b"+num)
-	b, err := os.ReadFile(path)
+	b, err := fsutil.ReadRegular(path, maxRecord)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, false, nil
 	}
@@ -59,6 +60,9 @@ func (d Dir) Record(name string) (rec Record, ok bool, err error) {
 	}
 	return parseRecord(b), true, nil
 }
+
+// maxRecord bounds what Record reads of an entry.
+const maxRecord = 1 << 20
 
 // parseRecord reads the E:KEY=value lines of a udev database entry.
 func parseRecord(b []byte) Record {
