@@ -193,7 +193,6 @@ func (s *Store) attachDevice(v *Volume) (dev *loop.Device, fresh bool, err error
 	if dev, err = s.bind(v, fd); err != nil {
 		return nil, false, err
 	}
-	s.writeIdentity(v, dev)
 	return dev, true, nil
 }
 
@@ -255,6 +254,7 @@ func (s *Store) bind(v *Volume, fd int) (*loop.Device, error) {
 	if v.DirectIO && !dev.DirectIO() {
 		s.log.Warn("direct I/O refused by the kernel, using buffered I/O", "volume", v.Name, "device", dev.Path)
 	}
+	s.writeIdentity(v, dev)
 	s.log.Info("volume attached", "volume", v.Name, "uuid", v.UUID, "device", dev.Path, "directIO", dev.DirectIO())
 	return dev, nil
 }
@@ -329,15 +329,21 @@ func LinkedElsewhere(uuid string) error {
 	return nil
 }
 
-// awaitAndMark waits for udev's stable link (if udev runs) and leaves the
-// attached marker.
-func (s *Store) awaitAndMark(ctx context.Context, v *Volume, dev *loop.Device, udev bool) error {
-	if udev && v.StablePath() != linkPath(v.UUID) {
-		if _, ok := ctx.Deadline(); !ok {
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(ctx, s.opts.UdevTimeout)
-			defer cancel()
-		}
+// awaitAndMark leaves dev's identity for udev (writeIdentity) and proves
+// udev took it for a raw volume (settleIdentity), waits for udev's stable
+// link (if udev runs) and leaves the attached marker. The caller holds
+// v's lock; ctx's deadline, or else Options.UdevTimeout, bounds the waits.
+func (s *Store) awaitAndMark(ctx context.Context, v *Volume, dev *loop.Device, udevRuns bool) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.opts.UdevTimeout)
+		defer cancel()
+	}
+	s.writeIdentity(v, dev)
+	if err := s.settleIdentity(ctx, v, dev); err != nil {
+		return fmt.Errorf("attach %s: %w", v.Name, err)
+	}
+	if udevRuns && v.StablePath() != linkPath(v.UUID) {
 		if err := waitForLink(ctx, v.StablePath(), dev.Path); err != nil {
 			return fmt.Errorf("attach %s: %w", v.Name, err)
 		}
@@ -418,6 +424,9 @@ func (s *Store) attachLocked(ctx context.Context, v *Volume) (dev *loop.Device, 
 		}
 	}
 	if err := s.finishAttach(ctx, v, dev); err != nil {
+		if fresh && errors.Is(err, errProbed) {
+			s.undoAttach(v)
+		}
 		return nil, fresh, err
 	}
 	return dev, fresh, nil
@@ -593,6 +602,9 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 	for i, v := range vols {
 		if volErrs[i] == nil {
 			volErrs[i] = s.awaitAndMark(ctx, v, attached[v], udev)
+		}
+		if _, fresh := newly[v]; fresh && errors.Is(volErrs[i], errProbed) {
+			s.undoAttach(v)
 		}
 	}
 	mounts := loop.ReadMountTable() // once for all volumes

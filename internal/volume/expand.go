@@ -263,6 +263,8 @@ func (s *Store) growDevice(ctx context.Context, v *Volume, fileOnly bool) error 
 		defer func() {
 			if err := loop.Detach(dev.Path, owner); err != nil {
 				s.log.Warn("detach after offline expand", "volume", v.Name, "error", err)
+			} else {
+				s.removeIdentity(dev)
 			}
 		}()
 	}

@@ -1,20 +1,24 @@
 package volume
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/sparsevol/sparsevol/internal/fsutil"
 	"github.com/sparsevol/sparsevol/internal/loop"
+	"github.com/sparsevol/sparsevol/internal/udev"
 )
 
-// The filesystem identity udev gives a volume's device, from the store.
+// The identity udev gives a volume's device, from the store.
 //
 // udev probes every block device it hears of (blkid) to learn the UUID of
 // its /dev/disk/by-uuid link; at boot, probing every volume is much of
@@ -29,21 +33,47 @@ import (
 // number, not someone else's binding of the same file. Only root writes the
 // directory (on /run). Detach removes the file.
 //
-// Raw volumes are probed as before (their partition table is their user's
-// to change), and so are volumes with a filesystem label (e2label can
-// change it; the probe keeps /dev/disk/by-label right).
+// A raw volume's content is its user's to write: a probe of it would give
+// the device whatever links that content claims, another volume's or the
+// node's own /dev/disk/by-uuid among them. Its device gets a file in every
+// state, so that udev never probes it: none of the content's links, and
+// for a partitioned volume the partition's GPT entry from the store
+// (<diskseq>p1), which keeps /dev/disk/by-partuuid. udev may handle the
+// kernel's event of a bind before the file is there, and then it probed:
+// where it runs (Options.Udev), attach reads udev's record of the binding
+// and asks again (settleIdentity).
+//
+// Filesystem volumes with a filesystem label are probed (e2label can
+// change it; the probe keeps /dev/disk/by-label right), and so are
+// filesystem volumes being made.
 
-// identityFile is what udev imports for v, or nil if v is probed.
-func identityFile(v *Volume) []byte {
-	if v.State != StateReady || v.Mode != ModeFilesystem || v.FSType == "" || !ValidUUID(v.UUID) ||
-		slices.Contains(v.MkfsOptions, "-L") {
-		return nil
+// partTypeLinux is the GPT type GUID of the partition mkfs makes
+// (sgdisk typecode 8300), as blkid names it.
+const partTypeLinux = "0fc63daf-8483-4772-8e79-3d69d8477de4"
+
+// identityFiles are what udev imports for v's device (disk) and, for a
+// partitioned volume, its partition (part); nil where udev probes.
+func identityFiles(v *Volume) (disk, part []byte) {
+	if !ValidUUID(v.UUID) {
+		return nil, nil
 	}
-	return fmt.Appendf(nil, "ID_FS_TYPE=%s\nID_FS_USAGE=filesystem\nID_FS_UUID=%s\nID_FS_UUID_ENC=%s\n", v.FSType, v.UUID, v.UUID)
+	head := "SPARSEVOL_VOLUME=" + v.UUID + "\n"
+	switch {
+	case v.Mode == ModeBlock && v.Partitioned:
+		return []byte(head + "ID_PART_TABLE_TYPE=gpt\n"),
+			fmt.Appendf(nil, "%sID_PART_ENTRY_SCHEME=gpt\nID_PART_ENTRY_NUMBER=1\nID_PART_ENTRY_TYPE=%s\nID_PART_ENTRY_UUID=%s\n",
+				head, partTypeLinux, v.UUID)
+	case v.Mode == ModeBlock:
+		return []byte(head), nil
+	case v.State != StateReady || v.FSType == "" || slices.Contains(v.MkfsOptions, "-L"):
+		return nil, nil
+	}
+	return fmt.Appendf(nil, "%sID_FS_TYPE=%s\nID_FS_USAGE=filesystem\nID_FS_UUID=%s\nID_FS_UUID_ENC=%s\n", head, v.FSType, v.UUID, v.UUID), nil
 }
 
 // identityPath is where udev looks for the identity of dev's binding; ""
-// where there is none to write.
+// where there is none to write. partitionPath is where it looks for its
+// first partition's.
 func (s *Store) identityPath(dev *loop.Device) string {
 	if s.opts.UdevIdentityDir == "" || dev == nil || dev.DiskSeq == 0 {
 		return ""
@@ -51,23 +81,115 @@ func (s *Store) identityPath(dev *loop.Device) string {
 	return filepath.Join(s.opts.UdevIdentityDir, strconv.FormatUint(dev.DiskSeq, 10))
 }
 
-// writeIdentity leaves v's identity for udev's event of dev, a binding of
-// v's this call made and proved (the caller holds v's lock). A failure
-// costs only the probe udev makes then: it is logged.
-func (s *Store) writeIdentity(v *Volume, dev *loop.Device) {
-	path := s.identityPath(dev)
-	data := identityFile(v)
-	if path == "" || data == nil {
-		return
+func (s *Store) partitionPath(dev *loop.Device) string {
+	if path := s.identityPath(dev); path != "" {
+		return path + "p1"
 	}
-	err := writeNew(path, data)
-	if errors.Is(err, unix.ENOENT) {
-		if err = os.MkdirAll(s.opts.UdevIdentityDir, 0o755); err == nil {
-			err = writeNew(path, data)
+	return ""
+}
+
+// writeIdentity leaves v's identity for udev's events of dev, a binding
+// proven v's (the caller holds v's lock), unless it is there already (a
+// name holding anything else is replaced, never written through): at
+// the bind, as early as it can be, and at every attach that keeps a
+// device, bound before there was one. A failure costs only the probe udev
+// makes then (which settleIdentity catches for a raw volume): it is
+// logged.
+func (s *Store) writeIdentity(v *Volume, dev *loop.Device) {
+	disk, part := identityFiles(v)
+	for _, f := range []struct {
+		path string
+		data []byte
+	}{{s.identityPath(dev), disk}, {s.partitionPath(dev), part}} {
+		if f.path == "" || f.data == nil {
+			continue
+		}
+		if got, err := fsutil.ReadRegular(f.path, int64(len(f.data))); err == nil && bytes.Equal(got, f.data) {
+			continue
+		}
+		err := writeNew(f.path, f.data)
+		if errors.Is(err, unix.ENOENT) {
+			if err = os.MkdirAll(s.opts.UdevIdentityDir, 0o755); err == nil {
+				err = writeNew(f.path, f.data)
+			}
+		}
+		if err != nil {
+			s.log.Warn("udev identity", "volume", v.Name, "device", dev.Path, "error", err)
 		}
 	}
+}
+
+// settleIdentity proves that udev's record of dev, a raw volume v's
+// binding (the caller holds v's lock), was made from the identity
+// writeIdentity left and not by probing content v's user wrote, and
+// returns once it is; at ctx's end it fails with errProbed. udev that
+// handled the kernel's event of the bind before the file was there
+// probed: a change event makes it look again, and again every
+// retryIdentity while its record still lacks the identity (udev reads a
+// rule installed a moment ago only some seconds later). Nothing is proven where udev
+// does not run (Options.Udev), where the kernel numbers no bindings, or
+// for a filesystem volume, whose content is the store's.
+func (s *Store) settleIdentity(ctx context.Context, v *Volume, dev *loop.Device) error {
+	if v.Mode != ModeBlock || s.identityPath(dev) == "" || !s.opts.Udev.Running() {
+		return nil
+	}
+	if err := s.awaitIdentity(ctx, filepath.Base(dev.Path), strconv.FormatUint(dev.DiskSeq, 10)); err != nil {
+		return err
+	}
+	if !v.Partitioned {
+		return nil
+	}
+	parts, err := loop.Partitions(dev.Path)
 	if err != nil {
-		s.log.Warn("udev identity", "volume", v.Name, "device", dev.Path, "error", err)
+		return err
+	}
+	for _, p := range parts {
+		if err := s.awaitIdentity(ctx, filepath.Base(p), ""); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// errProbed: udev's record of a raw volume's device stayed a probe of its
+// content. A device bound by the failed attach is detached again.
+var errProbed = errors.New("udev probed a raw volume")
+
+// retryIdentity is how long awaitIdentity lets udev handle a change event
+// before it asks again.
+var retryIdentity = 3 * time.Second
+
+// awaitIdentity waits until udev's record of the block device name (a
+// kernel name: loop3, loop3p1) carries the store's identity, asking udev
+// to look again (udev.Change) when its record lacks it. seq, if not
+// empty, is the disk sequence number the record must name to be of this
+// binding (a partition's names none).
+func (s *Store) awaitIdentity(ctx context.Context, name, seq string) error {
+	var asked time.Time
+	interval := 5 * time.Millisecond
+	for {
+		rec, ok, err := s.opts.Udev.Record(name)
+		if err != nil {
+			return err
+		}
+		handled := ok && (seq == "" || rec["DISKSEQ"] == seq)
+		if handled && rec["SPARSEVOL_IDENTITY"] == "store" {
+			return nil
+		}
+		if handled && (asked.IsZero() || time.Since(asked) >= retryIdentity) {
+			s.log.Info("udev probed a raw volume's device before its identity was there; asking again", "device", name)
+			if err := udev.Change(name); err != nil {
+				return err
+			}
+			asked = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("udev's record of /dev/%s is a probe of the content, not the store's identity "+
+				"(is 59-sparsevol.rules installed? `udevadm control --reload`, then attach again): %w: %w", name, errProbed, ctx.Err())
+		case <-time.After(interval):
+		}
+		interval = min(interval*3/2, 100*time.Millisecond)
 	}
 }
 
@@ -87,5 +209,6 @@ func writeNew(path string, data []byte) error {
 func (s *Store) removeIdentity(dev *loop.Device) {
 	if path := s.identityPath(dev); path != "" {
 		os.Remove(path)
+		os.Remove(s.partitionPath(dev))
 	}
 }

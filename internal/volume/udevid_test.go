@@ -2,6 +2,7 @@ package volume
 
 import (
 	"context"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -30,34 +31,31 @@ func identities(t *testing.T, dir string) map[string]string {
 	return out
 }
 
-// Attach leaves udev the identity of a ready, unlabelled filesystem
-// volume's binding, named by that binding's disk sequence number, and no
-// other: not while create formats, not for raw or labelled volumes, not
-// for a device someone else bound to the same file; detach removes it.
+// Attach leaves udev the identity of its bindings, named by the binding's
+// disk sequence number: a ready, unlabelled filesystem volume's type and
+// UUID; for a raw volume a file that turns udev's probe off, and a
+// partitioned one's partition entry (<seq>p1). Nothing for a labelled
+// filesystem volume, nothing a create left behind, nothing for a device
+// someone else bound to the same file; detach removes them.
 func TestUdevIdentity(t *testing.T) {
 	ctx := context.Background()
 	dir := filepath.Join(t.TempDir(), "udev")
 	s := newStore(t, Options{UdevIdentityDir: dir})
-	ext4 := mustCreate(t, s, CreateRequest{Name: "ext4", SizeBytes: 16 << 20})
-	mustCreate(t, s, CreateRequest{Name: "labelled", SizeBytes: 16 << 20, MkfsOptions: []string{"-L", "data"}})
-	mustCreate(t, s, CreateRequest{Name: "raw", SizeBytes: 1 << 20, Mode: ModeBlock, NoPartition: true})
-	mustCreate(t, s, CreateRequest{Name: "gpt", SizeBytes: 4 << 20, Mode: ModeBlock})
-	if got := identities(t, dir); len(got) != 0 {
-		t.Fatalf("create left udev identities %v; only attaching a ready volume may", got)
+	vols := map[string]*Volume{
+		"ext4":     mustCreate(t, s, CreateRequest{Name: "ext4", SizeBytes: 16 << 20}),
+		"labelled": mustCreate(t, s, CreateRequest{Name: "labelled", SizeBytes: 16 << 20, MkfsOptions: []string{"-L", "data"}}),
+		"raw":      mustCreate(t, s, CreateRequest{Name: "raw", SizeBytes: 1 << 20, Mode: ModeBlock, NoPartition: true}),
+		"gpt":      mustCreate(t, s, CreateRequest{Name: "gpt", SizeBytes: 4 << 20, Mode: ModeBlock}),
 	}
-	want := "ID_FS_TYPE=ext4\nID_FS_USAGE=filesystem\nID_FS_UUID=" + ext4.UUID + "\nID_FS_UUID_ENC=" + ext4.UUID + "\n"
-	for _, attach := range []struct {
-		name string
-		do   func() error
-	}{
-		{"Attach", func() error { _, err := s.Attach(ctx, "ext4"); return err }},
-		{"AttachAll", func() error { _, err := s.AttachAll(ctx); return err }},
-	} {
-		t.Run(attach.name, func(t *testing.T) {
-			if err := attach.do(); err != nil {
-				t.Fatal(err)
-			}
-			st, err := s.Status("ext4")
+	if got := identities(t, dir); len(got) != 0 {
+		t.Fatalf("create left udev identities %v", got)
+	}
+	head := func(name string) string { return "SPARSEVOL_VOLUME=" + vols[name].UUID + "\n" }
+	wantFiles := func(t *testing.T) map[string]string {
+		t.Helper()
+		want := map[string]string{}
+		for name := range vols {
+			st, err := s.Status(name)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -66,19 +64,62 @@ func TestUdevIdentity(t *testing.T) {
 				t.Fatal(err)
 			}
 			seq := strconv.FormatUint(dev.DiskSeq, 10)
-			if got := identities(t, dir); len(got) != 1 || got[seq] != want {
-				t.Errorf("udev identities %q, want only %s: %q", got, seq, want)
+			u := vols[name].UUID
+			switch name {
+			case "ext4":
+				want[seq] = head(name) + "ID_FS_TYPE=ext4\nID_FS_USAGE=filesystem\nID_FS_UUID=" + u + "\nID_FS_UUID_ENC=" + u + "\n"
+			case "raw":
+				want[seq] = head(name)
+			case "gpt":
+				want[seq] = head(name) + "ID_PART_TABLE_TYPE=gpt\n"
+				want[seq+"p1"] = head(name) + "ID_PART_ENTRY_SCHEME=gpt\nID_PART_ENTRY_NUMBER=1\n" +
+					"ID_PART_ENTRY_TYPE=0fc63daf-8483-4772-8e79-3d69d8477de4\nID_PART_ENTRY_UUID=" + u + "\n"
+			}
+		}
+		return want
+	}
+	for _, attach := range []struct {
+		name string
+		do   func() error
+	}{
+		{"Attach", func() error {
+			for name := range vols {
+				if _, err := s.Attach(ctx, name); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
+		{"AttachAll", func() error { _, err := s.AttachAll(ctx); return err }},
+	} {
+		t.Run(attach.name, func(t *testing.T) {
+			if err := attach.do(); err != nil {
+				t.Fatal(err)
+			}
+			want := wantFiles(t)
+			if got := identities(t, dir); !maps.Equal(got, want) {
+				t.Errorf("udev identities %q, want %q", got, want)
+			}
+			// An attach that keeps the device puts back what went missing.
+			for name := range want {
+				os.Remove(filepath.Join(dir, name))
+			}
+			if _, err := s.AttachAll(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if got := identities(t, dir); !maps.Equal(got, want) {
+				t.Errorf("after an attach that kept the devices: udev identities %q, want %q", got, want)
 			}
 			// Someone else's binding of the same file has a number of its own.
-			file := filepath.Join(s.root, ext4.UUID)
+			file := filepath.Join(s.root, vols["ext4"].UUID)
 			foreign := testutil.Losetup(t, file, "--read-only")
 			fdev, err := loop.Get(foreign)
 			testutil.DetachIfServes(foreign, file)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, ok := identities(t, dir)[strconv.FormatUint(fdev.DiskSeq, 10)]; ok || fdev.DiskSeq == dev.DiskSeq {
-				t.Errorf("a foreign binding (%s, diskseq %d) has the volume's identity", foreign, fdev.DiskSeq)
+			if _, ok := identities(t, dir)[strconv.FormatUint(fdev.DiskSeq, 10)]; ok {
+				t.Errorf("a foreign binding (%s, diskseq %d) has a volume's identity", foreign, fdev.DiskSeq)
 			}
 			if err := s.DetachAll(DetachOptions{}); err != nil {
 				t.Fatal(err)
@@ -88,7 +129,7 @@ func TestUdevIdentity(t *testing.T) {
 			}
 		})
 	}
-	for _, name := range []string{"ext4", "labelled", "raw", "gpt"} {
+	for name := range vols {
 		if err := s.Delete(ctx, name, DetachOptions{}); err != nil {
 			t.Error(err)
 		}
@@ -135,7 +176,8 @@ func TestUdevIdentityNoWriteThrough(t *testing.T) {
 			if got, err := os.ReadFile(victim); err != nil || string(got) != "kept" {
 				t.Errorf("victim now %q, %v", got, err)
 			}
-			want := string(identityFile(v))
+			disk, _ := identityFiles(v)
+			want := string(disk)
 			if got, err := fsutil.ReadRegular(filepath.Join(dir, strconv.Itoa(seq)), 1<<10); err != nil || string(got) != want {
 				t.Errorf("identity %q, %v; want %q", got, err, want)
 			}

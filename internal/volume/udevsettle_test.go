@@ -1,0 +1,180 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/udev"
+)
+
+// miniUdev plays udevd for the store's tests, where no udevd runs: it
+// hears the kernel's uevents for loop devices and writes a database entry
+// for each into dir/data, as udevd with deploy/udev's rule would: the
+// identity file of the event's binding where rule says the rule is in
+// effect for the event, else what a probe found (a forged UUID). rule is
+// told whether the event is one a process asked for through sysfs (as
+// udev.Change does) and how many such events of the device came before.
+// With wait, an event the rule handles finds the identity file there,
+// as udev does that gets to the event after attach wrote it.
+type miniUdev struct {
+	dir      udev.Dir
+	identity string // Options.UdevIdentityDir
+	rule     func(asked bool, before int) bool
+	wait     bool
+	mu       sync.Mutex
+	asked    map[string]int // events asked for, per device
+}
+
+func startMiniUdev(t *testing.T, identity string, wait bool, rule func(asked bool, before int) bool) *miniUdev {
+	t.Helper()
+	m := &miniUdev{dir: udev.Dir(t.TempDir()), identity: identity, rule: rule, wait: wait, asked: map[string]int{}}
+	if err := os.MkdirAll(filepath.Join(string(m.dir), "data"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(string(m.dir), "control"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sock, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_KOBJECT_UEVENT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Bind(sock, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: 1}); err != nil {
+		unix.Close(sock)
+		t.Fatal(err)
+	}
+	tv := unix.NsecToTimeval((100 * time.Millisecond).Nanoseconds())
+	if err := unix.SetsockoptTimeval(sock, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		buf := make([]byte, 64<<10)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			n, _, err := unix.Recvfrom(sock, buf, 0)
+			if err != nil {
+				continue
+			}
+			m.handle(strings.Split(string(buf[:n]), "\x00"))
+		}
+	}()
+	t.Cleanup(func() { close(done); <-stopped; unix.Close(sock) })
+	return m
+}
+
+func (m *miniUdev) handle(fields []string) {
+	env := map[string]string{}
+	for _, f := range fields[1:] {
+		if k, v, ok := strings.Cut(f, "="); ok {
+			env[k] = v
+		}
+	}
+	name := env["DEVNAME"]
+	if env["SUBSYSTEM"] != "block" || !strings.HasPrefix(name, "loop") || (env["ACTION"] != "add" && env["ACTION"] != "change") {
+		return
+	}
+	_, asked := env["SYNTH_UUID"]
+	m.mu.Lock()
+	before := m.asked[name]
+	if asked {
+		m.asked[name]++
+	}
+	m.mu.Unlock()
+	entry := fmt.Sprintf("E:DEVNAME=/dev/%s\nE:DISKSEQ=%s\n", name, env["DISKSEQ"])
+	file := filepath.Join(m.identity, env["DISKSEQ"])
+	for deadline := time.Now().Add(100 * time.Millisecond); m.wait && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if _, err := os.Stat(file); err == nil {
+			break
+		}
+	}
+	b, err := os.ReadFile(file)
+	if err == nil && m.rule(asked, before) {
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			entry += "E:" + line + "\n"
+		}
+		entry += "E:SPARSEVOL_IDENTITY=store\n"
+	} else {
+		entry += "E:ID_FS_TYPE=ext4\nE:ID_FS_UUID=forged\n"
+	}
+	path := filepath.Join(string(m.dir), "data", "b"+env["MAJOR"]+":"+env["MINOR"])
+	os.WriteFile(path+".tmp", []byte(entry), 0o644)
+	os.Rename(path+".tmp", path)
+}
+
+// askedFor is how many events of the device name a process asked for.
+func (m *miniUdev) askedFor(name string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.asked[name]
+}
+
+// An attach of a raw volume returns once udev's record of the binding is
+// the store's identity: at once where udev read the identity file, after a
+// change event where udev probed before the file was there (or before it
+// read the rule), and never where udev keeps probing: the attach fails,
+// naming the rule, and leaves nothing bound.
+func TestSettleIdentity(t *testing.T) {
+	defer func(d time.Duration) { retryIdentity = d }(retryIdentity)
+	retryIdentity = 200 * time.Millisecond
+	tests := []struct {
+		name string
+		wait bool
+		rule func(asked bool, before int) bool
+		// asks is how many change events the attach asks for.
+		asks    int
+		wantErr bool
+	}{
+		{"file there first", true, func(bool, int) bool { return true }, 0, false},
+		{"udev probed first", false, func(asked bool, _ int) bool { return asked }, 1, false},
+		{"rule read late", false, func(asked bool, before int) bool { return asked && before > 0 }, 2, false},
+		{"no rule", false, func(bool, int) bool { return false }, 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			identity := filepath.Join(t.TempDir(), "identity")
+			m := startMiniUdev(t, identity, tt.wait, tt.rule)
+			s := newStore(t, Options{UdevIdentityDir: identity, Udev: m.dir, UdevTimeout: 5 * time.Second})
+			mustCreate(t, s, CreateRequest{Name: "raw", SizeBytes: 1 << 20, Mode: ModeBlock, NoPartition: true})
+			st, err := s.Attach(ctx, "raw")
+			if tt.wantErr {
+				if err == nil || !strings.Contains(err.Error(), "59-sparsevol.rules") || !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("Attach with udev probing for good = %v; want the deadline, naming the rule", err)
+				}
+				if st, err := s.Status("raw"); err != nil || st.Attached {
+					t.Errorf("a failed attach left the volume attached: %+v, %v", st, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			name := filepath.Base(st.Device)
+			rec, ok, err := m.dir.Record(name)
+			if err != nil || !ok || rec["SPARSEVOL_IDENTITY"] != "store" || rec["ID_FS_UUID"] != "" {
+				t.Errorf("udev's record after the attach: %v %v %v; want the store's identity, no probed UUID", rec, ok, err)
+			}
+			if got := m.askedFor(name); got != tt.asks {
+				t.Errorf("the attach asked for %d change events of %s, want %d", got, name, tt.asks)
+			}
+			if err := s.Delete(ctx, "raw", DetachOptions{}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}
