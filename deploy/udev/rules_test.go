@@ -22,6 +22,8 @@ func TestIdentityRule(t *testing.T) {
 	for _, want := range []string{
 		`IMPORT{file}="` + systemd.Manager{}.UdevIdentityDir() + `/$attr{diskseq}"`,
 		`ATTRS{diskseq}=="[1-9]*", IMPORT{file}="` + systemd.Manager{}.UdevIdentityDir() + `/$attr{diskseq}p$attr{partition}"`,
+		"\n" + `ENV{SPARSEVOL_DISKSEQ}="$attr{diskseq}"` + "\n",
+		"\n" + `ATTRS{diskseq}=="[1-9]*", ENV{SPARSEVOL_DISKSEQ}="$attr{diskseq}"` + "\n",
 		`ENV{DEVTYPE}=="partition", GOTO="sparsevol_partition"`,
 		`ENV{UDEV_DISABLE_PERSISTENT_STORAGE_BLKID_FLAG}="1"`,
 		`KERNEL!="loop[0-9]*", GOTO="sparsevol_end"`,

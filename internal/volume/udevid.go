@@ -124,68 +124,70 @@ func (s *Store) writeIdentity(v *Volume, dev *loop.Device) {
 // writeIdentity left and not by probing content v's user wrote, and
 // returns once it is; at ctx's end it fails with errProbed. udev that
 // handled the kernel's event of the bind before the file was there
-// probed: a change event makes it look again, and again every
-// retryIdentity while its record still lacks the identity (udev reads a
-// rule installed a moment ago only some seconds later). Nothing is proven where udev
-// does not run (Options.Udev), where the kernel numbers no bindings, or
-// for a filesystem volume, whose content is the store's.
+// probed: a change event makes it look again. The rule names the binding
+// in every record it makes (SPARSEVOL_DISKSEQ); a record of another
+// binding, or one the rule did not make (udev reads a rule installed a
+// moment ago only some seconds later), is asked about again every
+// retryIdentity. Nothing is proven where udev does not run
+// (Options.Udev), where the kernel numbers no bindings, or for a
+// filesystem volume, whose content is the store's.
 func (s *Store) settleIdentity(ctx context.Context, v *Volume, dev *loop.Device) error {
 	if v.Mode != ModeBlock || s.identityPath(dev) == "" || !s.opts.Udev.Running() {
 		return nil
 	}
-	if err := s.awaitIdentity(ctx, filepath.Base(dev.Path), strconv.FormatUint(dev.DiskSeq, 10)); err != nil {
-		return err
+	names := []string{filepath.Base(dev.Path)}
+	if v.Partitioned {
+		parts, err := loop.Partitions(dev.Path)
+		if err != nil {
+			return err
+		}
+		for _, p := range parts {
+			names = append(names, filepath.Base(p))
+		}
 	}
-	if !v.Partitioned {
-		return nil
-	}
-	parts, err := loop.Partitions(dev.Path)
-	if err != nil {
-		return err
-	}
-	for _, p := range parts {
-		if err := s.awaitIdentity(ctx, filepath.Base(p), ""); err != nil {
+	seq := strconv.FormatUint(dev.DiskSeq, 10)
+	for _, name := range names {
+		if err := s.awaitIdentity(ctx, name, seq); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// errProbed: udev's record of a raw volume's device stayed a probe of its
-// content. A device bound by the failed attach is detached again.
+// errProbed: udev's record of a raw volume's device never became its
+// identity. A device bound by the failed attach is detached again.
 var errProbed = errors.New("udev probed a raw volume")
 
-// retryIdentity is how long awaitIdentity lets udev handle a change event
-// before it asks again.
+// retryIdentity is how long awaitIdentity lets udev be before it asks
+// again.
 var retryIdentity = 3 * time.Second
 
 // awaitIdentity waits until udev's record of the block device name (a
-// kernel name: loop3, loop3p1) carries the store's identity, asking udev
-// to look again (udev.Change) when its record lacks it. seq, if not
-// empty, is the disk sequence number the record must name to be of this
-// binding (a partition's names none).
+// kernel name: loop3, loop3p1) is the store's identity for the binding
+// numbered seq, asking udev to look again (udev.Change) while it is not.
 func (s *Store) awaitIdentity(ctx context.Context, name, seq string) error {
-	var asked time.Time
+	last := time.Now() // of the bind, or of the last ask
+	asked := false
 	interval := 5 * time.Millisecond
 	for {
 		rec, ok, err := s.opts.Udev.Record(name)
 		if err != nil {
 			return err
 		}
-		handled := ok && (seq == "" || rec["DISKSEQ"] == seq)
-		if handled && rec["SPARSEVOL_IDENTITY"] == "store" {
+		ours := ok && rec["SPARSEVOL_DISKSEQ"] == seq
+		if ours && rec["SPARSEVOL_IDENTITY"] == "store" {
 			return nil
 		}
-		if handled && (asked.IsZero() || time.Since(asked) >= retryIdentity) {
-			s.log.Info("udev probed a raw volume's device before its identity was there; asking again", "device", name)
+		if ours && !asked || time.Since(last) >= retryIdentity {
+			s.log.Info("udev's record of a raw volume's device is not its identity; asking udev again", "device", name)
 			if err := udev.Change(name); err != nil {
 				return err
 			}
-			asked = time.Now()
+			last, asked = time.Now(), true
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("udev's record of /dev/%s is a probe of the content, not the store's identity "+
+			return fmt.Errorf("udev's record of /dev/%s is not the store's identity "+
 				"(is 59-sparsevol.rules installed? `udevadm control --reload`, then attach again): %w: %w", name, errProbed, ctx.Err())
 		case <-time.After(interval):
 		}

@@ -18,13 +18,15 @@ import (
 
 // miniUdev plays udevd for the store's tests, where no udevd runs: it
 // hears the kernel's uevents for loop devices and writes a database entry
-// for each into dir/data, as udevd with deploy/udev's rule would: the
-// identity file of the event's binding where rule says the rule is in
-// effect for the event, else what a probe found (a forged UUID). rule is
-// told whether the event is one a process asked for through sysfs (as
+// for each into dir/data, as udevd with deploy/udev's rule would. Where
+// rule says the rule is in effect for the event, the entry names the
+// binding (SPARSEVOL_DISKSEQ) and holds the binding's identity file if
+// the event finds it; else it holds what a probe found (a forged UUID).
+// rule is told whether a process asked for the event through sysfs (as
 // udev.Change does) and how many such events of the device came before.
-// With wait, an event the rule handles finds the identity file there,
-// as udev does that gets to the event after attach wrote it.
+// An event the kernel sent finds the identity file only with wait (it
+// waits for it, as udev does that gets to the event after attach wrote
+// the file); without, the file was not there yet.
 type miniUdev struct {
 	dir      udev.Dir
 	identity string // Options.UdevIdentityDir
@@ -95,7 +97,7 @@ func (m *miniUdev) handle(fields []string) {
 		m.asked[name]++
 	}
 	m.mu.Unlock()
-	entry := fmt.Sprintf("E:DEVNAME=/dev/%s\nE:DISKSEQ=%s\n", name, env["DISKSEQ"])
+	entry := fmt.Sprintf("E:DEVNAME=/dev/%s\n", name)
 	file := filepath.Join(m.identity, env["DISKSEQ"])
 	for deadline := time.Now().Add(100 * time.Millisecond); m.wait && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 		if _, err := os.Stat(file); err == nil {
@@ -103,13 +105,17 @@ func (m *miniUdev) handle(fields []string) {
 		}
 	}
 	b, err := os.ReadFile(file)
-	if err == nil && m.rule(asked, before) {
+	switch {
+	case !m.rule(asked, before):
+		entry += "E:ID_FS_TYPE=ext4\nE:ID_FS_UUID=forged\n"
+	case err == nil && (asked || m.wait):
+		entry += "E:SPARSEVOL_DISKSEQ=" + env["DISKSEQ"] + "\n"
 		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
 			entry += "E:" + line + "\n"
 		}
 		entry += "E:SPARSEVOL_IDENTITY=store\n"
-	} else {
-		entry += "E:ID_FS_TYPE=ext4\nE:ID_FS_UUID=forged\n"
+	default:
+		entry += "E:SPARSEVOL_DISKSEQ=" + env["DISKSEQ"] + "\nE:ID_FS_TYPE=ext4\nE:ID_FS_UUID=forged\n"
 	}
 	path := filepath.Join(string(m.dir), "data", "b"+env["MAJOR"]+":"+env["MINOR"])
 	os.WriteFile(path+".tmp", []byte(entry), 0o644)
@@ -140,7 +146,7 @@ func TestSettleIdentity(t *testing.T) {
 		wantErr bool
 	}{
 		{"file there first", true, func(bool, int) bool { return true }, 0, false},
-		{"udev probed first", false, func(asked bool, _ int) bool { return asked }, 1, false},
+		{"udev probed first", false, func(bool, int) bool { return true }, 1, false},
 		{"rule read late", false, func(asked bool, before int) bool { return asked && before > 0 }, 2, false},
 		{"no rule", false, func(bool, int) bool { return false }, 0, true},
 	}
