@@ -1,14 +1,16 @@
 package udevrules_test
 
 import (
+	"bytes"
 	"os"
 	"strings"
 	"testing"
 
+	udevrules "github.com/sparsevol/sparsevol/deploy/udev"
 	"github.com/sparsevol/sparsevol/internal/systemd"
 )
 
-const ruleFile = "59-sparsevol.rules"
+const ruleFile = udevrules.RuleName
 
 // The rule reads the files attach writes, keyed by the binding's disk
 // sequence number, and runs before 60-persistent-storage.rules, which
@@ -18,7 +20,10 @@ func TestIdentityRule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rule := string(b)
+	if !bytes.Equal(b, udevrules.Rule) {
+		t.Errorf("the embedded rule differs from %s", ruleFile)
+	}
+	rule := string(udevrules.Rule)
 	for _, want := range []string{
 		`IMPORT{file}="` + systemd.Manager{}.UdevIdentityDir() + `/$attr{diskseq}"`,
 		`ATTRS{diskseq}=="[1-9]*", IMPORT{file}="` + systemd.Manager{}.UdevIdentityDir() + `/$attr{diskseq}p$attr{partition}"`,
