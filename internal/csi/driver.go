@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"sync"
 
@@ -177,10 +176,7 @@ func (cfg *Config) normalize() error {
 	if cfg.KubeletDir == "" {
 		cfg.KubeletDir = DefaultKubeletDir
 	}
-	if !filepath.IsAbs(cfg.KubeletDir) || filepath.Clean(cfg.KubeletDir) != cfg.KubeletDir {
-		return fmt.Errorf("csi driver: kubelet directory %q is not an absolute, clean path: %w", cfg.KubeletDir, volume.ErrInvalid)
-	}
-	if err := noSymlinks(cfg.KubeletDir); err != nil {
+	if err := CheckDir(cfg.KubeletDir); err != nil {
 		return fmt.Errorf("csi driver: kubelet directory: %w", err)
 	}
 	return nil

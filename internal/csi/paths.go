@@ -44,6 +44,19 @@ func checkNodePath(kubeletDir, field, p string) error {
 	return nil
 }
 
+// CheckDir is the rule for a directory the plugin is given at start (the
+// kubelet directory, udev's directories): an absolute, clean path, no
+// existing component of it a symbolic link and none but the last one not
+// a directory, so that what the plugin reads and writes below it is where
+// it was named. Components that do not exist yet are not checked. A
+// violation is ErrInvalid.
+func CheckDir(p string) error {
+	if !filepath.IsAbs(p) || filepath.Clean(p) != p {
+		return fmt.Errorf("%s is not an absolute, clean path: %w", volume.Quote(p), volume.ErrInvalid)
+	}
+	return noSymlinks(p)
+}
+
 // noSymlinks checks the existing part of the absolute, clean path p and
 // fails (ErrInvalid) where a component of it is a symbolic link or one
 // that is not the last is not a directory. The kernel checks each
