@@ -14,9 +14,12 @@ import (
 
 	"github.com/spf13/cobra"
 
+	udevrules "github.com/sparsevol/sparsevol/deploy/udev"
 	"github.com/sparsevol/sparsevol/internal/cli"
 	"github.com/sparsevol/sparsevol/internal/csi"
 	"github.com/sparsevol/sparsevol/internal/kubelet"
+	"github.com/sparsevol/sparsevol/internal/systemd"
+	"github.com/sparsevol/sparsevol/internal/udev"
 	"github.com/sparsevol/sparsevol/internal/unixsock"
 )
 
@@ -36,6 +39,14 @@ const (
 	// node-driver-registrar sidecar.
 	CSIFlagKubeletRegistration = "kubelet-registration-path"
 	CSIFlagKubeletEndpoint     = "kubelet-csi-endpoint"
+	// The node's udev runtime directory (/run/udev) where the container
+	// mounts it: never at /run/udev, where the plugin would take udev
+	// for running in its container. Where udev runs, the plugin installs
+	// sparsevol's rule there and attach checks udev's records.
+	CSIFlagUdevDir = "udev-dir"
+	// The node's directory of identity files, mounted at the node's path
+	// (the rule names the node's path).
+	CSIFlagUdevIdentityDir = "udev-identity-dir"
 )
 
 // Name is the plugin binary's name.
@@ -52,6 +63,7 @@ func NewCommand(stdout, stderr io.Writer) *cobra.Command {
 	var (
 		endpoint, nodeID, driverName, metricsAddr, logLevel  string
 		registration, kubeletEndpoint, kubeletDir, sockGroup string
+		udevDir, identityDir                                 string
 		maxVolumes                                           int64
 	)
 	cmd := cli.NewStoreCommand(stdout, stderr, func(cmd *cobra.Command, s cli.StoreFlags) error {
@@ -72,6 +84,16 @@ func NewCommand(stdout, stderr io.Writer) *cobra.Command {
 				return cli.Usagef("--%s: %v", CSIFlagSocketGroup, err)
 			}
 		}
+		for _, d := range []struct{ flag, dir string }{{CSIFlagUdevDir, udevDir}, {CSIFlagUdevIdentityDir, identityDir}} {
+			if d.dir == "" {
+				continue
+			}
+			if err := csi.CheckDir(d.dir); err != nil {
+				return cli.Usagef("--%s: %w", d.flag, err)
+			}
+		}
+		log := slog.New(slog.NewTextHandler(s.Stderr, &slog.HandlerOptions{Level: level}))
+		s.Options.Udev, s.Options.UdevIdentityDir = udevOptions(log, udev.Dir(udevDir), identityDir)
 		ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
 		err = csi.Run(ctx, csi.PluginConfig{
@@ -89,7 +111,9 @@ func NewCommand(stdout, stderr io.Writer) *cobra.Command {
 			Registration:    registration,
 			KubeletEndpoint: kubeletEndpoint,
 			MetricsAddress:  metricsAddr,
-			Logger:          slog.New(slog.NewTextHandler(s.Stderr, &slog.HandlerOptions{Level: level})),
+			UdevRuleName:    udevrules.RuleName,
+			UdevRule:        udevrules.Rule,
+			Logger:          log,
 		})
 		if err != nil {
 			return fmt.Errorf("csi: %w", err)
@@ -98,7 +122,11 @@ func NewCommand(stdout, stderr io.Writer) *cobra.Command {
 	})
 	cmd.Use = Name + " --endpoint unix:///csi/csi.sock --node-id NODE"
 	cmd.Example = `  sparsevol-csi --root /var/lib/sparsevol --endpoint unix:///csi/csi.sock --node-id "$NODE_NAME" \
-      --kubelet-registration-path /var/lib/kubelet/plugins_registry/ --metrics-address :9808`
+      --kubelet-registration-path /var/lib/kubelet/plugins_registry/ --metrics-address :9808
+
+  # In a container that mounts the node's /run/udev at /host/run/udev and its
+  # /run/sparsevol/udev at /run/sparsevol/udev (deploy/kubernetes):
+  sparsevol-csi --node-id "$NODE_NAME" --udev-dir /host/run/udev --udev-identity-dir /run/sparsevol/udev`
 	cmd.Short = "Serve the sparsevol CSI plugin (Identity, Controller and Node) for this node"
 	cmd.Long = `Serve the Container Storage Interface on a unix socket: volumes of the store
 (--root) are created, staged and published for Kubernetes. Run one per node,
@@ -120,5 +148,25 @@ volumes are managed with the sparsevol command.`
 			"or on <driver-name>-reg.sock in this directory (kubelet's is "+kubelet.DefaultRegistrationDir+"/); empty: off")
 	f.StringVar(&kubeletEndpoint, CSIFlagKubeletEndpoint, "",
 		"the CSI socket path as kubelet sees it, announced at registration; default: the --"+CSIFlagEndpoint+" path")
+	f.StringVar(&udevDir, CSIFlagUdevDir, "",
+		"the node's udev runtime directory ("+string(udev.Host)+") as this process sees it (a container mounts it elsewhere than "+string(udev.Host)+"):\n"+
+			"where udev runs, sparsevol's udev rule is installed in its rules.d and attach checks udev's records; empty: none")
+	f.StringVar(&identityDir, CSIFlagUdevIdentityDir, "",
+		"where attach leaves volumes' identities for udev's rule: the node's "+systemd.Manager{}.UdevIdentityDir()+",\n"+
+			"mounted at that same path; empty: none (udev probes the volumes' content)")
 	return cmd
+}
+
+// udevOptions are the store's Udev and UdevIdentityDir from the checked
+// --udev-dir and --udev-identity-dir: dir only where udev runs there,
+// which log says once otherwise.
+func udevOptions(log *slog.Logger, dir udev.Dir, identityDir string) (udev.Dir, string) {
+	if dir != "" && !dir.Running() {
+		log.Info("udev does not run in --"+CSIFlagUdevDir+" (no control socket): no udev rule installed, no udev records checked", "dir", string(dir))
+		dir = ""
+	}
+	if node := (systemd.Manager{}).UdevIdentityDir(); identityDir != "" && identityDir != node {
+		log.Warn("--"+CSIFlagUdevIdentityDir+" is not "+node+", the directory sparsevol's udev rule reads: mount the node's "+node+" there", "dir", identityDir)
+	}
+	return dir, identityDir
 }
