@@ -334,6 +334,70 @@ func TestValues(t *testing.T) {
 	})
 }
 
+// TestUdevMounts: whatever the values, the plugin's --udev-dir is the
+// node's /run/udev mounted elsewhere than /run/udev (where the plugin
+// would take udev for running in its container) and --udev-identity-dir
+// the node's /run/sparsevol/udev at the same path (the rule names it),
+// both hostPath DirectoryOrCreate, mounted by the plugin alone.
+// deploy/kubernetes' test checks the same of the defaults against the
+// binary's flags.
+func TestUdevMounts(t *testing.T) {
+	for _, values := range []map[string]any{
+		nil,
+		{"storeDir": "/srv/sparsevol", "kubeletDir": "/data/kubelet"},
+		{"snapshotter": map[string]any{"enabled": false}, "resizer": map[string]any{"enabled": false}, "snapshotClasses": false},
+	} {
+		ds := daemonSet(t, mustRenderChart(t, values))
+		spec := ds.Spec.Template.Spec
+		plugin := spec.Containers[0]
+		for _, vm := range plugin.VolumeMounts {
+			if p := strings.TrimSuffix(vm.MountPath, "/"); p == "" || p == "/run" || p == "/run/udev" {
+				t.Errorf("values %v: the plugin mounts %s at %s: it would take udev for running in its container", values, vm.Name, vm.MountPath)
+			}
+		}
+		for _, want := range []struct{ flag, host string }{
+			{"udev-dir", "/run/udev"},
+			{"udev-identity-dir", "/run/sparsevol/udev"},
+		} {
+			dir := ""
+			for _, a := range plugin.Args {
+				if v, ok := strings.CutPrefix(a, "--"+want.flag+"="); ok {
+					dir = v
+				}
+			}
+			var mount *corev1.VolumeMount
+			for i, vm := range plugin.VolumeMounts {
+				if vm.MountPath == dir {
+					mount = &plugin.VolumeMounts[i]
+				}
+			}
+			if mount == nil {
+				t.Errorf("values %v: --%s %q is no mount of the plugin's", values, want.flag, dir)
+				continue
+			}
+			var host *corev1.HostPathVolumeSource
+			for _, v := range spec.Volumes {
+				if v.Name == mount.Name {
+					host = v.HostPath
+				}
+			}
+			if host == nil || host.Path != want.host || host.Type == nil || *host.Type != corev1.HostPathDirectoryOrCreate {
+				t.Errorf("values %v: --%s %s mounts %+v, want hostPath %s (DirectoryOrCreate)", values, want.flag, dir, host, want.host)
+			}
+			if want.flag == "udev-dir" && dir == want.host || want.flag == "udev-identity-dir" && dir != want.host {
+				t.Errorf("values %v: --%s %s: the node's %s mounted there", values, want.flag, dir, want.host)
+			}
+			for _, c := range spec.Containers[1:] {
+				for _, vm := range c.VolumeMounts {
+					if vm.Name == mount.Name {
+						t.Errorf("values %v: %s mounts %s: only the plugin uses udev", values, c.Name, vm.Name)
+					}
+				}
+			}
+		}
+	}
+}
+
 // TestKustomizeImages: an overlay's images: entry replaces the plugin
 // image, as test/k8s's overlay and an operator's do.
 func TestKustomizeImages(t *testing.T) {

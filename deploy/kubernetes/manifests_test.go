@@ -29,6 +29,8 @@ import (
 	"github.com/sparsevol/sparsevol/internal/csi"
 	"github.com/sparsevol/sparsevol/internal/kubelet"
 	"github.com/sparsevol/sparsevol/internal/plugincli"
+	"github.com/sparsevol/sparsevol/internal/systemd"
+	"github.com/sparsevol/sparsevol/internal/udev"
 )
 
 // manifests is every object of every YAML file here, decoded strictly.
@@ -468,6 +470,8 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, driverName string) {
 		t.Errorf("the store --root %s is %s on the host; node mode and CSI mode must share one store path", root, storeHost)
 	}
 
+	checkUdev(t, ds, plugin, get)
+
 	// Health and metrics: one port, served by the plugin (--metrics-address).
 	if plugin.LivenessProbe == nil || plugin.LivenessProbe.HTTPGet == nil {
 		t.Fatal("the plugin container has no HTTP liveness probe")
@@ -500,6 +504,60 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, driverName string) {
 	if got := snap.Image; !strings.HasSuffix(got, ":v8.7.0") {
 		t.Errorf("csi-snapshotter %s; the tests prove v8.7.0", got)
 	}
+}
+
+// checkUdev: --udev-dir is the node's udev runtime directory mounted
+// elsewhere than where the plugin would take udev for running in its
+// container, --udev-identity-dir the node's identity directory at the
+// node's path (the rule names it), both made where missing; only the
+// plugin mounts them.
+func checkUdev(t *testing.T, ds *appsv1.DaemonSet, plugin *corev1.Container, get func(string) string) {
+	t.Helper()
+	udevDir, identityDir := get(plugincli.CSIFlagUdevDir), get(plugincli.CSIFlagUdevIdentityDir)
+	if udevDir == "" || identityDir == "" {
+		t.Fatalf("the plugin is not given --%s and --%s", plugincli.CSIFlagUdevDir, plugincli.CSIFlagUdevIdentityDir)
+	}
+	if host, vm := mountOf(t, ds, plugin, udevDir); host != string(udev.Host) || hostPathType(t, ds, vm.Name) != corev1.HostPathDirectoryOrCreate {
+		t.Errorf("--%s %s is the host's %s (%s), want %s (DirectoryOrCreate)", plugincli.CSIFlagUdevDir, udevDir, host, hostPathType(t, ds, vm.Name), udev.Host)
+	}
+	for _, vm := range plugin.VolumeMounts {
+		if p := path.Clean(vm.MountPath); p == "/" || strings.HasPrefix(string(udev.Host)+"/", p+"/") {
+			t.Errorf("the plugin mounts %s at %s: it would take udev for running in its container", vm.Name, vm.MountPath)
+		}
+	}
+	node := systemd.Manager{}.UdevIdentityDir()
+	if host, vm := mountOf(t, ds, plugin, identityDir); host != node || identityDir != node || hostPathType(t, ds, vm.Name) != corev1.HostPathDirectoryOrCreate {
+		t.Errorf("--%s %s is the host's %s (%s), want the host's %s at the same path (DirectoryOrCreate): the rule reads the node's",
+			plugincli.CSIFlagUdevIdentityDir, identityDir, host, hostPathType(t, ds, vm.Name), node)
+	}
+	udevVolumes := map[string]bool{}
+	for _, vm := range plugin.VolumeMounts {
+		if vm.MountPath == udevDir || vm.MountPath == identityDir {
+			udevVolumes[vm.Name] = true
+		}
+	}
+	for _, c := range ds.Spec.Template.Spec.Containers {
+		for _, vm := range c.VolumeMounts {
+			if c.Name != plugin.Name && udevVolumes[vm.Name] {
+				t.Errorf("container %s mounts %s: only the plugin uses udev", c.Name, vm.Name)
+			}
+		}
+	}
+}
+
+// hostPathType is the type of the hostPath volume name.
+func hostPathType(t *testing.T, ds *appsv1.DaemonSet, name string) corev1.HostPathType {
+	t.Helper()
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.Name == name && v.HostPath != nil {
+			if v.HostPath.Type == nil {
+				return ""
+			}
+			return *v.HostPath.Type
+		}
+	}
+	t.Fatalf("no hostPath volume %s", name)
+	return ""
 }
 
 func checkService(t *testing.T, svc *corev1.Service, ds *appsv1.DaemonSet) {
