@@ -79,7 +79,7 @@ func TestNewerRecordsCLI(t *testing.T) {
 	root := newRoot(t)
 	t.Cleanup(func() { sparsevol(t, root, nil, "detach", "good") })
 	raw := []string{"--size", "1M", "--mode", "block", "--no-partition", "--no-start"}
-	mustRun(t, root, append([]string{"create", "good"}, raw...)...)
+	goodVol := strings.TrimSpace(mustRun(t, root, append([]string{"create", "good"}, raw...)...))
 	vol := strings.TrimSpace(mustRun(t, root, append([]string{"create", "new"}, raw...)...))
 	snap := strings.TrimSpace(mustRun(t, root, "snapshot", "create", "good", "snew"))
 	volMeta := filepath.Join(root, vol+".json")
@@ -158,15 +158,18 @@ func TestNewerRecordsCLI(t *testing.T) {
 		{args: []string{"expand", "good", "--size", "2M"}},
 		{args: []string{"detach", "good"}},
 	})
-	// Beside another volume, delete goes on past the refusal (eachVolume)
-	// and still keeps the newer one as it was.
+	// Beside another volume, delete refuses the newer one before it acts
+	// on any (eachVolume): both are kept as they were.
 	records := map[string][]byte{}
-	for _, p := range []string{volMeta, snapMeta} {
+	for _, p := range []string{volMeta, snapMeta, filepath.Join(root, goodVol+".json")} {
 		records[p], _ = os.ReadFile(p)
 	}
+	for _, args := range [][]string{{"delete", "good", "new"}, {"detach", "good", "new"}, {"trim", "good", "new"}} {
+		runSteps(t, root, []cliStep{{args: args, code: 1, stderr: newerVol}})
+	}
 	runSteps(t, root, []cliStep{
-		{args: []string{"delete", "good", "new"}, code: 1, stderr: newerVol},
 		{args: []string{"status", "new"}, stdout: []string{"newer"}},
+		{args: []string{"status", "good"}, stdout: []string{"ready"}},
 	})
 	for p, want := range records {
 		if got, err := os.ReadFile(p); err != nil || !bytes.Equal(got, want) {

@@ -362,11 +362,17 @@ func notBegun(ctx context.Context, rest []string) error {
 	return fmt.Errorf("not begun, left as they are: %s: %w", strings.Join(quoted, ", "), ctx.Err())
 }
 
-// resolveAll is resolveRefs for volumes.
+// resolveAll is resolveRefs for volumes. A volume whose record a newer
+// sparsevol wrote is refused here, before any of refs is acted on: every
+// operation would refuse it, and knowing that up front is what keeps a
+// command from having done half its work when it stops.
 func resolveAll(s *volume.Store, refs []string) error {
 	return resolveRefs("volume", refs, func(ref string) (string, error) {
 		v, err := s.Get(ref)
 		if err != nil {
+			return "", err
+		}
+		if err := v.Refusal(); errors.Is(err, volume.ErrNewer) {
 			return "", err
 		}
 		return v.UUID, nil
