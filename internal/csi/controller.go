@@ -333,14 +333,14 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if !d.onThisNode(req.GetAccessibilityRequirements()) {
 		return nil, status.Errorf(codes.ResourceExhausted, "volumes of node %s can only be accessible from %s=%s", d.nodeID, TopologyKey, d.nodeID)
 	}
-	release, err := d.busy.acquire("name " + name)
+	release, err := d.busy.acquire(volumeNameKey(name))
 	if err != nil {
 		return nil, err
 	}
 	defer release()
 	if src != nil {
 		// The source stays while it is copied: no CSI delete meanwhile.
-		releaseSrc, err := d.busy.acquire(src.id)
+		releaseSrc, err := d.busy.acquire(src.key())
 		if err != nil {
 			return nil, err
 		}
@@ -421,7 +421,7 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 	if id == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
 	}
-	release, err := d.busy.acquire(id)
+	release, err := d.busy.acquire(volumeKey(id))
 	if err != nil {
 		return nil, err
 	}
@@ -568,7 +568,7 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 	if err := checkCapacityRange(cr); err != nil {
 		return nil, err
 	}
-	release, err := d.busy.acquire(id)
+	release, err := d.busy.acquire(volumeKey(id))
 	if err != nil {
 		return nil, err
 	}

@@ -229,24 +229,44 @@ func TestToStatus(t *testing.T) {
 }
 
 func TestInflight(t *testing.T) {
-	f := inflight{keys: map[string]struct{}{}}
-	release, err := f.acquire("a")
+	f := inflight{keys: map[busyKey]struct{}{}}
+	release, err := f.acquire(volumeKey("a"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.acquire("a"); status.Code(err) != codes.Aborted {
+	if _, err := f.acquire(volumeKey("a")); status.Code(err) != codes.Aborted {
 		t.Fatalf("second acquire: %v, want Aborted", err)
 	}
-	other, err := f.acquire("b")
+	other, err := f.acquire(volumeKey("b"))
 	if err != nil {
 		t.Fatalf("other key: %v", err)
 	}
 	other()
 	release()
-	if r, err := f.acquire("a"); err != nil {
+	if r, err := f.acquire(volumeKey("a")); err != nil {
 		t.Fatalf("after release: %v", err)
 	} else {
 		r()
+	}
+	// A client's string names one kind of key: a volume id spelled like
+	// another kind's key is not that key.
+	for _, pair := range [][2]busyKey{
+		{pathKey("/var/lib/kubelet/x"), volumeKey("path /var/lib/kubelet/x")},
+		{volumeNameKey("pvc-1"), volumeKey("name pvc-1")},
+		{volumeNameKey("pvc-1"), volumeKey("pvc-1")},
+		{snapshotNameKey("s"), volumeKey("snapshot name s")},
+		{snapshotKey("u"), volumeKey("u")},
+	} {
+		held, err := f.acquire(pair[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, err := f.acquire(pair[1]); err != nil {
+			t.Errorf("%v held: %v refused: %v", pair[0], pair[1], err)
+		} else {
+			r()
+		}
+		held()
 	}
 }
 
@@ -637,7 +657,7 @@ func TestControllerRefusalsEchoShort(t *testing.T) {
 			return err
 		}, codes.InvalidArgument, "filesystem"},
 		{"delete a long id while it is busy", func() error {
-			release, err := e.drv.busy.acquire(word)
+			release, err := e.drv.busy.acquire(snapshotKey(word))
 			if err != nil {
 				return err
 			}

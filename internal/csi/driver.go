@@ -148,7 +148,7 @@ func New(cfg Config) (*Driver, error) {
 		log:        cfg.Logger,
 		metrics:    cfg.Metrics,
 		kubeletDir: cfg.KubeletDir,
-		busy:       inflight{keys: map[string]struct{}{}},
+		busy:       inflight{keys: map[busyKey]struct{}{}},
 	}, nil
 }
 
@@ -187,20 +187,38 @@ func (d *Driver) topology() *csi.Topology {
 	return &csi.Topology{Segments: map[string]string{TopologyKey: d.nodeID}}
 }
 
-// inflight is the set of volume ids and names with an operation running.
-// A second operation on the same key is refused with Aborted rather than
-// queued: the CO retries, and a stuck mkfs cannot pile up goroutines.
+// inflight is the set of keys with an operation running: volume and
+// snapshot ids, their names, node paths. A second operation on the same
+// key is refused with Aborted rather than queued: the CO retries, and a
+// stuck mkfs cannot pile up goroutines.
 type inflight struct {
 	mu   sync.Mutex
-	keys map[string]struct{}
+	keys map[busyKey]struct{}
 }
 
+// busyKey is what an operation holds in flight: a kind of object and the
+// client's string that names it. The kind keeps one string from ever
+// being another kind's key: a volume_id "path /x" is not the path /x, nor
+// a volume id a CreateVolume name.
+type busyKey struct{ kind, value string }
+
+func volumeKey(id string) busyKey       { return busyKey{"volume", id} }
+func volumeNameKey(name string) busyKey { return busyKey{"volume name", name} }
+func snapshotKey(id string) busyKey     { return busyKey{"snapshot", id} }
+
+// snapshotNameKey is the in-flight key of a snapshot or group snapshot
+// name (LabelCSIName of each snapshot made under it). A create holds it
+// from before the store reserves its snapshots until they are ready, and
+// a delete takes it, so that no snapshot is deleted while a create is
+// still copying into it.
+func snapshotNameKey(name string) busyKey { return busyKey{"snapshot name", name} }
+
 // acquire claims key or returns an Aborted status error.
-func (f *inflight) acquire(key string) (func(), error) {
+func (f *inflight) acquire(key busyKey) (func(), error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.keys[key]; ok {
-		return nil, status.Errorf(codes.Aborted, "an operation on %s is already in progress; retry later", volume.Quote(key))
+		return nil, status.Errorf(codes.Aborted, "an operation on %s %s is already in progress; retry later", key.kind, volume.Quote(key.value))
 	}
 	f.keys[key] = struct{}{}
 	return func() {

@@ -215,7 +215,7 @@ func (d *Driver) DeleteVolumeGroupSnapshot(ctx context.Context, req *csi.DeleteV
 		}
 	}
 	for _, s := range members {
-		rel, err := d.busy.acquire(s.UUID)
+		rel, err := d.busy.acquire(snapshotKey(s.UUID))
 		if err != nil {
 			return nil, err
 		}

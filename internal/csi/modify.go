@@ -98,7 +98,7 @@ func (d *Driver) ControllerModifyVolume(ctx context.Context, req *csi.Controller
 	if err := checkMutable(params); err != nil {
 		return nil, err
 	}
-	release, err := d.busy.acquire(id)
+	release, err := d.busy.acquire(volumeKey(id))
 	if err != nil {
 		return nil, err
 	}

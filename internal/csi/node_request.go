@@ -52,7 +52,7 @@ func (d *Driver) begin(r nodeRequest) (*volume.Volume, func(), error) {
 	}
 	if !r.readOnly {
 		var err error
-		if release, err = d.busy.acquire(r.id); err != nil {
+		if release, err = d.busy.acquire(volumeKey(r.id)); err != nil {
 			return nil, func() {}, err
 		}
 	}
@@ -97,7 +97,7 @@ func (d *Driver) begin(r nodeRequest) (*volume.Volume, func(), error) {
 // pathKey is the in-flight key of a node path that passed checkNodePath
 // (absolute and clean, so one spelling a path): a node RPC that may mount
 // or unmount there holds it, whatever volume it names.
-func pathKey(p string) string { return "path " + p }
+func pathKey(p string) busyKey { return busyKey{"path", p} }
 
 // chain returns a release that calls second, then first.
 func chain(first, second func()) func() {

@@ -39,13 +39,6 @@ func snapshotLabels(name string) map[string]string {
 
 func managedSnapshot(s *volume.Snapshot) bool { return s.Labels[LabelManagedBy] == ManagedByCSI }
 
-// snapshotNameKey is the in-flight key of a snapshot or group snapshot
-// name (LabelCSIName of each snapshot made under it). A create holds it
-// from before the store reserves its snapshots until they are ready, and
-// a delete takes it, so that no snapshot is deleted while a create is
-// still copying into it.
-func snapshotNameKey(name string) string { return "snapshot name " + name }
-
 // lookupSnapshot finds a snapshot the driver made by its CSI id, which is
 // the snapshot UUID and never a name. Anything else is ErrNotFound.
 func (d *Driver) lookupSnapshot(ctx context.Context, id string) (*volume.Snapshot, error) {
@@ -133,7 +126,7 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 	if id == "" {
 		return nil, status.Error(codes.InvalidArgument, "snapshot_id is required")
 	}
-	release, err := d.busy.acquire(id)
+	release, err := d.busy.acquire(snapshotKey(id))
 	if err != nil {
 		return nil, err
 	}

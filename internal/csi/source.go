@@ -29,6 +29,14 @@ type contentSource struct {
 	id   string
 }
 
+// key is the in-flight key of the source: a snapshot's or a volume's.
+func (s *contentSource) key() busyKey {
+	if s.kind == sourceSnapshot {
+		return snapshotKey(s.id)
+	}
+	return volumeKey(s.id)
+}
+
 // parseContentSource checks the shape of a content source; nil is none.
 func parseContentSource(cs *csi.VolumeContentSource) (*contentSource, error) {
 	switch {
