@@ -109,6 +109,10 @@ func freeze(mounts []string, devnum uint64, timeout time.Duration, note string) 
 		// Nothing was frozen by us (EBUSY: someone else holds a freeze,
 		// which is theirs to thaw): the guard must not thaw it.
 		f.release(true)
+		if errors.Is(err, unix.EBUSY) {
+			return nil, fmt.Errorf("freeze %s: someone else froze it (a backup hook, `fsfreeze --freeze`); "+
+				"retry once they thaw it (`fsfreeze --unfreeze %s`): %w: %w", mountpoint, mountpoint, ErrBusy, err)
+		}
 		return nil, fmt.Errorf("freeze %s: %w", mountpoint, err)
 	}
 	f.since = time.Now()

@@ -561,11 +561,12 @@ func TestFreezeLeavesOthersFreeze(t *testing.T) {
 		t.Fatal(err)
 	}
 	fd := frozenByOthers(t, dir)
-	if f, err := freeze([]string{dir}, st.Dev, 5*time.Second, ""); !errors.Is(err, unix.EBUSY) {
+	if f, err := freeze([]string{dir}, st.Dev, 5*time.Second, ""); !errors.Is(err, unix.EBUSY) || !errors.Is(err, ErrBusy) ||
+		!strings.Contains(err.Error(), "fsfreeze --unfreeze "+dir) {
 		if f != nil {
 			f.thaw()
 		}
-		t.Fatalf("freeze of a frozen filesystem = %v, want EBUSY", err)
+		t.Fatalf("freeze of a frozen filesystem = %v, want EBUSY classified ErrBusy, saying how to thaw it", err)
 	}
 	// The guard has exited (release waits for it): had it thawed, the
 	// freeze below would succeed.
