@@ -73,7 +73,11 @@ func (s *Store) Expand(ctx context.Context, ref string, newSize int64, opts Expa
 			if err != nil {
 				return err
 			}
-			err = s.checkSpace(newSize-max(v.SizeBytes, v.ExpandingTo), v.Preallocate)
+			delta := newSize - max(v.SizeBytes, v.ExpandingTo)
+			err = s.checkSpace(delta, v.Preallocate)
+			if err == nil {
+				err = s.roomFor(growthMetadata(v, delta), "the new metadata of "+v.Name+"'s filesystem")
+			}
 			if err == nil {
 				v.ExpandingTo = newSize
 				err = s.writeMeta(v)
@@ -107,6 +111,20 @@ func (s *Store) Expand(ctx context.Context, ref string, newSize int64, opts Expa
 		return nil
 	})
 	return out, err
+}
+
+// growthMetadata bounds what growing v's filesystem by delta bytes
+// writes into the holes of a thin backing file: ext4's new group
+// descriptors, their backups and bitmaps (docs/design.md, "A full
+// store"). resize2fs that finds no room for them midway leaves a
+// filesystem e2fsck must repair, so the room is proven before anything
+// grows. A thick file has its room already (checkSpace); XFS grows its
+// new allocation groups in one transaction that fails whole.
+func growthMetadata(v *Volume, delta int64) int64 {
+	if v.Preallocate || v.FSType != "ext4" {
+		return 0
+	}
+	return 16<<20 + delta/1024
 }
 
 // fileNotGrown is called, under v's lock, when growing v's backing file

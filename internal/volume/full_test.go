@@ -298,3 +298,43 @@ func TestNoRoomMidway(t *testing.T) {
 		})
 	}
 }
+
+// TestThinExpandNeedsRoomForMetadata: growing a thin ext4 volume writes
+// new group descriptors and their backups into the file's holes; where
+// the store has no room for them, the expansion is refused before
+// anything grows (resize2fs would stop midway and leave the filesystem
+// for e2fsck to repair). With room, it grows.
+func TestThinExpandNeedsRoomForMetadata(t *testing.T) {
+	ctx := context.Background()
+	s := smallStore(t, "ext4", 256<<20, Options{OvercommitRatio: 1e9})
+	v := mustCreate(t, s, CreateRequest{Name: "v", SizeBytes: 300 << 20})
+	if _, err := s.Expand(ctx, "v", 1<<30, ExpandOptions{}); err != nil {
+		t.Fatalf("expand to 1GiB with %dMiB free: %v", freeBytes(t, s)>>20, err)
+	}
+	fillStore(t, s, 256<<10)
+	before := storeTree(t, s)
+	record, err := os.ReadFile(filepath.Join(s.Root(), v.UUID+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Expand(ctx, "v", 2<<40, ExpandOptions{})
+	var se *SpaceError
+	if !errors.Is(err, ErrNoSpace) || !errors.As(err, &se) || !strings.Contains(err.Error(), "metadata") {
+		t.Fatalf("expand to 2TiB with 256KiB free = %v; want ErrNoSpace for the filesystem's metadata", err)
+	}
+	if after := storeTree(t, s); !slices.Equal(after, before) {
+		t.Errorf("the store changed:\n%q\nwas\n%q", after, before)
+	}
+	if got, _ := os.ReadFile(filepath.Join(s.Root(), v.UUID+".json")); !bytes.Equal(got, record) {
+		t.Errorf("the record changed:\n%s\nwas\n%s", got, record)
+	}
+	if fi, err := os.Stat(filepath.Join(s.Root(), v.UUID)); err != nil || fi.Size() != 1<<30 {
+		t.Errorf("backing file %v, %v; want it still 1GiB", fi, err)
+	}
+	if out, err := osexec.Command("e2fsck", "-fn", filepath.Join(s.Root(), v.UUID)).CombinedOutput(); err != nil {
+		t.Errorf("e2fsck -fn after the refusal: %v\n%s", err, out)
+	}
+	if err := s.Delete(ctx, "v", DetachOptions{}); err != nil {
+		t.Error(err)
+	}
+}
