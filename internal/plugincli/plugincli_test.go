@@ -49,11 +49,7 @@ func TestMainRefusesAtStart(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			dir, err := os.MkdirTemp("", "svcli") // short: sun_path is 108 bytes
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { os.RemoveAll(dir) })
+			dir := shortTempDir(t)
 			for _, p := range tc.live {
 				testutil.LiveSocket(t, filepath.Join(dir, p))
 			}
@@ -122,11 +118,7 @@ func TestUdevFlagsRefused(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			dir, err := os.MkdirTemp("", "svcli") // short: sun_path is 108 bytes
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { os.RemoveAll(dir) })
+			dir := shortTempDir(t)
 			testutil.LiveSocket(t, filepath.Join(dir, "csi.sock"))
 			udev := udevDir(t, dir, true)
 			link := filepath.Join(dir, "link")
@@ -163,11 +155,7 @@ func TestUdevFlagsRefused(t *testing.T) {
 func TestUdevRuleAtStart(t *testing.T) {
 	for _, running := range []bool{true, false} {
 		t.Run(fmt.Sprintf("udev running %v", running), func(t *testing.T) {
-			dir, err := os.MkdirTemp("", "svcli") // short: sun_path is 108 bytes
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { os.RemoveAll(dir) })
+			dir := shortTempDir(t)
 			udev := udevDir(t, dir, running)
 			sock := filepath.Join(dir, "csi.sock")
 			stderr := serve(t, "--root", filepath.Join(dir, "store"), "--node-id", "n", "--endpoint", "unix://"+sock,
@@ -245,3 +233,16 @@ func serve(t *testing.T, args ...string) (stderr func() string) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// shortTempDir is a temporary directory with a short path, removed at
+// cleanup: a socket's path must fit sun_path (108 bytes), which
+// t.TempDir's long names can overflow.
+func shortTempDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "svcli")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
