@@ -227,12 +227,14 @@ func linkTakenBy(v *Volume, id loop.FileID, other *loop.Device) error {
 // kernel deferred; nil, nil if d is being torn down.
 func (s *Store) keep(v *Volume, d *loop.Device) (*loop.Device, error) {
 	if !d.Autoclear() {
+		s.writeIdentity(v, d)
 		return d, nil
 	}
 	kept, err := loop.KeepBound(d.Path, v.owner(d.Backing))
 	switch {
 	case err == nil:
 		s.log.Info("cancelled a deferred detach", "volume", v.Name, "device", d.Path)
+		s.writeIdentity(v, kept)
 		return kept, nil
 	case errors.Is(err, loop.ErrNotAttached):
 		return nil, nil
@@ -329,8 +331,8 @@ func LinkedElsewhere(uuid string) error {
 	return nil
 }
 
-// awaitAndMark leaves dev's identity for udev (writeIdentity) and proves
-// udev took it for a raw volume (settleIdentity), waits for udev's stable
+// awaitAndMark proves udev took the identity bind or keep left for a raw
+// volume's dev (settleIdentity), waits for udev's stable
 // link (if udev runs) and leaves the attached marker. The caller holds
 // v's lock; ctx's deadline, or else Options.UdevTimeout, bounds the waits.
 func (s *Store) awaitAndMark(ctx context.Context, v *Volume, dev *loop.Device, udevRuns bool) error {
@@ -339,7 +341,6 @@ func (s *Store) awaitAndMark(ctx context.Context, v *Volume, dev *loop.Device, u
 		ctx, cancel = context.WithTimeout(ctx, s.opts.UdevTimeout)
 		defer cancel()
 	}
-	s.writeIdentity(v, dev)
 	if err := s.settleIdentity(ctx, v, dev); err != nil {
 		return fmt.Errorf("attach %s: %w", v.Name, err)
 	}

@@ -91,8 +91,8 @@ func (s *Store) partitionPath(dev *loop.Device) string {
 // writeIdentity leaves v's identity for udev's events of dev, a binding
 // proven v's (the caller holds v's lock), unless it is there already (a
 // name holding anything else is replaced, never written through): at
-// the bind, as early as it can be, and at every attach that keeps a
-// device, bound before there was one. A failure costs only the probe udev
+// the bind, as early as it can be (bind, bindMany), and where an attach
+// keeps a device (keep), bound before there was one. A failure costs only the probe udev
 // makes then (which settleIdentity catches for a raw volume): it is
 // logged.
 func (s *Store) writeIdentity(v *Volume, dev *loop.Device) {
