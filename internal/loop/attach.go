@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sparsevol/sparsevol/internal/parallel"
+	"github.com/sparsevol/sparsevol/internal/udev"
 	"golang.org/x/sys/unix"
 )
 
@@ -247,10 +248,7 @@ const privateNodePrefix = "/dev/.sparsevol-bind-loop"
 
 // UdevRunning reports whether udevd runs: it then makes the /dev/disk
 // links and watches /dev/loopN.
-func UdevRunning() bool {
-	_, err := os.Stat("/run/udev/control")
-	return err == nil
-}
+func UdevRunning() bool { return udev.Host.Running() }
 
 func flock(fd, how int) error {
 	for {

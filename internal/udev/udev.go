@@ -82,6 +82,9 @@ func parseRecord(b []byte) Record {
 // with action "change", what `udevadm trigger --action=change` does: udev
 // runs its rules for the device anew and replaces its record and links.
 func Change(name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
 	if err := os.WriteFile(filepath.Join(sysBlock, name, "uevent"), []byte("change"), 0); err != nil {
 		return fmt.Errorf("change event for %s: %w", name, err)
 	}
@@ -90,14 +93,22 @@ func Change(name string) error {
 
 // number is the "major:minor" of the block device name, from sysfs.
 func number(name string) (string, error) {
-	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
-		return "", fmt.Errorf("udev: %q is not a block device name", name)
+	if err := checkName(name); err != nil {
+		return "", err
 	}
 	b, err := os.ReadFile(filepath.Join(sysBlock, name, "dev"))
 	if err != nil {
 		return "", fmt.Errorf("device number of %s: %w", name, err)
 	}
 	return strings.TrimSpace(string(b)), nil
+}
+
+// checkName refuses what is not one name in sysfs' block directory.
+func checkName(name string) error {
+	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
+		return fmt.Errorf("udev: %q is not a block device name", name)
+	}
+	return nil
 }
 
 // InstallRule makes rule the content of name in d's runtime rules

@@ -95,7 +95,7 @@ func TestChange(t *testing.T) {
 }
 
 func TestChangeRefusesNonDevices(t *testing.T) {
-	for _, bad := range []string{"nosuchdevice", "../../kernel"} {
+	for _, bad := range []string{"nosuchdevice", "../../kernel", "..", ""} {
 		if err := Change(bad); err == nil {
 			t.Errorf("Change(%q) succeeded", bad)
 		}
