@@ -34,21 +34,15 @@ type PluginConfig struct {
 	// plugin's health (/healthz, a Probe through Socket) on it
 	// (ListenMetrics' form).
 	MetricsAddress string
-	// UdevRuleName and UdevRule, if set, are a rule Run installs in
-	// udev's runtime rules directory (StoreOptions.Udev, where set) once
-	// the configuration is checked and the store is open, before it
-	// serves: for a node where no package installed it. A failure is
-	// logged as a warning and Run serves all the same.
-	UdevRuleName string
-	UdevRule     []byte
-	Logger       *slog.Logger
+	Logger         *slog.Logger
 }
 
-// Run opens the store, installs cfg.UdevRule, and serves CSI on
-// cfg.Socket, and kubelet's plugin registration and the metrics where
-// asked, until ctx ends or one of the servers fails; the others are then
-// stopped, and Run returns the first failure. Configuration errors wrap volume.ErrInvalid, and nothing is
-// served then; so is a socket path another plugin listens on
+// Run opens the store (which installs StoreOptions.UdevRule where udev
+// runs: volume.Options) and serves CSI on cfg.Socket, and kubelet's
+// plugin registration and the metrics where asked, until ctx ends or one
+// of the servers fails; the others are then stopped, and Run returns the
+// first failure. Configuration errors wrap volume.ErrInvalid, and nothing
+// is served then; so is a socket path another plugin listens on
 // (unixsock.ErrInUse) or a metrics address that cannot be opened, refused
 // before the store is made.
 func Run(ctx context.Context, cfg PluginConfig) error {
@@ -132,14 +126,6 @@ func Run(ctx context.Context, cfg PluginConfig) error {
 	if err != nil {
 		return err
 	}
-	if opts.Udev != "" && cfg.UdevRule != nil {
-		if err := opts.Udev.InstallRule(cfg.UdevRuleName, cfg.UdevRule); err != nil {
-			log.Warn("could not install sparsevol's udev rule: udev probes the volumes' content, raw volumes' included, "+
-				"instead of importing their identity; install deploy/udev/"+cfg.UdevRuleName+" in the node's /etc/udev/rules.d",
-				"error", err)
-		}
-	}
-
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var servers []func() error

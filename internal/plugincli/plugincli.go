@@ -94,6 +94,7 @@ func NewCommand(stdout, stderr io.Writer) *cobra.Command {
 		}
 		log := slog.New(slog.NewTextHandler(s.Stderr, &slog.HandlerOptions{Level: level}))
 		s.Options.Udev, s.Options.UdevIdentityDir = udevOptions(log, udev.Dir(udevDir), identityDir)
+		s.Options.UdevRuleName, s.Options.UdevRule = udevrules.RuleName, udevrules.Rule
 		ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
 		err = csi.Run(ctx, csi.PluginConfig{
@@ -111,8 +112,6 @@ func NewCommand(stdout, stderr io.Writer) *cobra.Command {
 			Registration:    registration,
 			KubeletEndpoint: kubeletEndpoint,
 			MetricsAddress:  metricsAddr,
-			UdevRuleName:    udevrules.RuleName,
-			UdevRule:        udevrules.Rule,
 			Logger:          log,
 		})
 		if err != nil {
@@ -150,7 +149,7 @@ volumes are managed with the sparsevol command.`
 		"the CSI socket path as kubelet sees it, announced at registration; default: the --"+CSIFlagEndpoint+" path")
 	f.StringVar(&udevDir, CSIFlagUdevDir, "",
 		"the node's udev runtime directory ("+string(udev.Host)+") as this process sees it (a container mounts it elsewhere than "+string(udev.Host)+"):\n"+
-			"where udev runs, sparsevol's udev rule is installed in its rules.d and attach checks udev's records; empty: none")
+			"whenever udev runs there (at start or later), sparsevol's udev rule is installed in its rules.d and attach checks udev's records; empty: none")
 	f.StringVar(&identityDir, CSIFlagUdevIdentityDir, "",
 		"where attach leaves volumes' identities for udev's rule: the node's "+systemd.Manager{}.UdevIdentityDir()+",\n"+
 			"mounted at that same path; empty: none (udev probes the volumes' content)")
@@ -158,13 +157,10 @@ volumes are managed with the sparsevol command.`
 }
 
 // udevOptions are the store's Udev and UdevIdentityDir from the checked
-// --udev-dir and --udev-identity-dir: dir only where udev runs there,
-// which log says once otherwise.
+// --udev-dir and --udev-identity-dir, as given: whether udev runs in dir
+// is the store's to look at where it asks udev (volume.Options.Udev), so
+// that a udevd started after the plugin is found.
 func udevOptions(log *slog.Logger, dir udev.Dir, identityDir string) (udev.Dir, string) {
-	if dir != "" && !dir.Running() {
-		log.Info("udev does not run in --"+CSIFlagUdevDir+" (no control socket): no udev rule installed, no udev records checked", "dir", string(dir))
-		dir = ""
-	}
 	if node := (systemd.Manager{}).UdevIdentityDir(); identityDir != "" && identityDir != node {
 		log.Warn("--"+CSIFlagUdevIdentityDir+" is not "+node+", the directory sparsevol's udev rule reads: mount the node's "+node+" there", "dir", identityDir)
 	}

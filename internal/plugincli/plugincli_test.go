@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	udevrules "github.com/sparsevol/sparsevol/deploy/udev"
 	"github.com/sparsevol/sparsevol/internal/cli"
 	"github.com/sparsevol/sparsevol/internal/testutil"
+	"github.com/sparsevol/sparsevol/internal/udev"
 )
 
 // TestMainRefusesAtStart runs the plugin's command line with a driver
@@ -174,6 +176,21 @@ func TestUdevRuleAtStart(t *testing.T) {
 				if !strings.Contains(stderr(), "udev does not run") {
 					t.Errorf("log does not say udev does not run: %s", stderr())
 				}
+			}
+		})
+	}
+}
+
+// udevOptions keeps --udev-dir where udev does not run yet: the store
+// looks whether it runs where it asks udev, so a udevd started after the
+// plugin gets the rule and its records are checked.
+func TestUdevOptionsKeepsDir(t *testing.T) {
+	for _, running := range []bool{true, false} {
+		t.Run(fmt.Sprintf("udev running %v", running), func(t *testing.T) {
+			dir := udev.Dir(udevDir(t, t.TempDir(), running))
+			got, _ := udevOptions(slog.New(slog.DiscardHandler), dir, "")
+			if got != dir {
+				t.Errorf("udevOptions(%q) = %q; want the directory as given", dir, got)
 			}
 		})
 	}

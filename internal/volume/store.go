@@ -56,8 +56,16 @@ type Options struct {
 	// (udev.Host on the node). Where udev runs there, attach proves that
 	// udev's record of a raw volume's binding was made from the identity
 	// in UdevIdentityDir, not by probing content the volume's user wrote
-	// (udevid.go).
+	// (udevid.go). It is looked at where it is used (udev.Dir.Running),
+	// so a udevd that starts or restarts after Open is found.
 	Udev udev.Dir
+	// UdevRuleName and UdevRule, if set, are a rule the store installs in
+	// Udev's runtime rules directory (udev.Dir.InstallRule) at Open where
+	// udev runs, and again whenever it finds udev running where it last
+	// found it not (udevRuns): for a node where no package installed it.
+	// A failure is logged and costs only udev's probe of the volumes.
+	UdevRuleName string
+	UdevRule     []byte
 	// FreezeTimeout bounds how long a snapshot keeps a mounted
 	// filesystem frozen (and how long it waits for the freeze): beyond it
 	// the filesystem is thawed and the snapshot fails. Default 60 s.
@@ -89,6 +97,9 @@ type Store struct {
 	// through that fd, not a second open. flock excludes every other open
 	// file description, this process's own included: a name has one fd.
 	held sync.Map
+	// udevSeen is whether udevRuns last found udev running in
+	// Options.Udev.
+	udevSeen atomic.Bool
 }
 
 // CheckRoot returns the absolute path of the store root root, or the
@@ -156,7 +167,11 @@ func Open(root string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{root: abs, dir: dir, opts: opts, log: log, run: execRunner{}}, nil
+	s := &Store{root: abs, dir: dir, opts: opts, log: log, run: execRunner{}}
+	if opts.Udev != "" && opts.UdevRule != nil && !s.udevRuns() {
+		log.Info("udev does not run (no control socket): sparsevol's udev rule is installed once it does", "dir", string(opts.Udev))
+	}
+	return s, nil
 }
 
 // openPrivate checks the store directory dir and makes it private as Open

@@ -129,10 +129,10 @@ func (s *Store) writeIdentity(v *Volume, dev *loop.Device) {
 // binding, or one the rule did not make (udev reads a rule installed a
 // moment ago only some seconds later), is asked about again every
 // retryIdentity. Nothing is proven where udev does not run
-// (Options.Udev), where the kernel numbers no bindings, or for a
-// filesystem volume, whose content is the store's.
+// (Options.Udev, looked at now: udevRuns), where the kernel numbers no
+// bindings, or for a filesystem volume, whose content is the store's.
 func (s *Store) settleIdentity(ctx context.Context, v *Volume, dev *loop.Device) error {
-	if v.Mode != ModeBlock || s.identityPath(dev) == "" || !s.opts.Udev.Running() {
+	if !s.udevRuns() || v.Mode != ModeBlock || s.identityPath(dev) == "" {
 		return nil
 	}
 	names := []string{filepath.Base(dev.Path)}
@@ -152,6 +152,27 @@ func (s *Store) settleIdentity(ctx context.Context, v *Volume, dev *loop.Device)
 		}
 	}
 	return nil
+}
+
+// udevRuns reports whether udev runs in Options.Udev now (its control
+// socket, udev.Dir.Running: a stat at every call), and where it finds it
+// running after it last found it not (or at its first look) installs
+// Options.UdevRule there: a udevd that starts or restarts after the store
+// was opened gets the rule at the next attach. Safe for concurrent use:
+// one caller installs.
+func (s *Store) udevRuns() bool {
+	if !s.opts.Udev.Running() {
+		s.udevSeen.Store(false)
+		return false
+	}
+	if s.opts.UdevRule != nil && !s.udevSeen.Swap(true) {
+		if err := s.opts.Udev.InstallRule(s.opts.UdevRuleName, s.opts.UdevRule); err != nil {
+			s.log.Warn("could not install sparsevol's udev rule: udev probes the volumes' content, raw volumes' included, "+
+				"instead of importing their identity; install deploy/udev/"+s.opts.UdevRuleName+" in the node's /etc/udev/rules.d",
+				"error", err)
+		}
+	}
+	return true
 }
 
 // errProbed: udev's record of a raw volume's device never became its

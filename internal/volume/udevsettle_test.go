@@ -184,3 +184,53 @@ func TestSettleIdentity(t *testing.T) {
 		})
 	}
 }
+
+// The store looks whether udev runs where it attaches, not once when it
+// opens: a udevd that starts after Open (its control socket appears) gets
+// the rule at the next attach, and one that restarted with an empty
+// runtime directory gets it again; where udev does not run, no rule is
+// written.
+func TestUdevRuleWhenUdevStarts(t *testing.T) {
+	ctx := context.Background()
+	dir := udev.Dir(t.TempDir())
+	control := filepath.Join(string(dir), "control")
+	rule := filepath.Join(string(dir), "rules.d", "59-test.rules")
+	s := newStore(t, Options{Udev: dir, UdevIdentityDir: filepath.Join(t.TempDir(), "identity"),
+		UdevRuleName: "59-test.rules", UdevRule: []byte("RULE\n")})
+	mustCreate(t, s, CreateRequest{Name: "fs", SizeBytes: 16 << 20})
+	t.Cleanup(func() { s.Delete(ctx, "fs", DetachOptions{}) })
+	steps := []struct {
+		name    string
+		running bool
+		wipe    bool // udev's runtime directory starts empty
+	}{
+		{"udev not running yet", false, false},
+		{"udev started", true, false},
+		{"udev stopped", false, true},
+		{"udev restarted", true, false},
+	}
+	for _, step := range steps {
+		if step.wipe {
+			if err := os.RemoveAll(filepath.Join(string(dir), "rules.d")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if step.running {
+			if err := os.WriteFile(control, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := os.Remove(control); err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		if _, err := s.Attach(ctx, "fs"); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		got, err := os.ReadFile(rule)
+		switch {
+		case step.running && (err != nil || string(got) != "RULE\n"):
+			t.Errorf("%s: rule %q, %v; want it installed", step.name, got, err)
+		case !step.running && !os.IsNotExist(err):
+			t.Errorf("%s: a rule where udev does not run: %q, %v", step.name, got, err)
+		}
+	}
+}
