@@ -147,7 +147,7 @@ func (s *Store) settleIdentity(ctx context.Context, v *Volume, dev *loop.Device)
 	}
 	seq := strconv.FormatUint(dev.DiskSeq, 10)
 	for _, name := range names {
-		if err := s.awaitIdentity(ctx, name, seq); err != nil {
+		if err := s.awaitIdentity(ctx, name, seq, v.UUID); err != nil {
 			return err
 		}
 	}
@@ -184,9 +184,12 @@ var errProbed = errors.New("udev probed a raw volume")
 var retryIdentity = 3 * time.Second
 
 // awaitIdentity waits until udev's record of the block device name (a
-// kernel name: loop3, loop3p1) is the store's identity for the binding
-// numbered seq, asking udev to look again (udev.Change) while it is not.
-func (s *Store) awaitIdentity(ctx context.Context, name, seq string) error {
+// kernel name: loop3, loop3p1) is the store's identity of volume uuid for
+// the binding numbered seq, asking udev to look again (udev.Change) while
+// it is not. A record that imported a file naming another volume, or
+// none (SPARSEVOL_VOLUME), is not the store's identity: the file udev
+// read was not the one writeIdentity left.
+func (s *Store) awaitIdentity(ctx context.Context, name, seq, uuid string) error {
 	last := time.Now() // of the bind, or of the last ask
 	asked := false
 	interval := 5 * time.Millisecond
@@ -196,7 +199,7 @@ func (s *Store) awaitIdentity(ctx context.Context, name, seq string) error {
 			return err
 		}
 		ours := ok && rec["SPARSEVOL_DISKSEQ"] == seq
-		if ours && rec["SPARSEVOL_IDENTITY"] == "store" {
+		if ours && rec["SPARSEVOL_IDENTITY"] == "store" && rec["SPARSEVOL_VOLUME"] == uuid {
 			return nil
 		}
 		if ours && !asked || time.Since(last) >= retryIdentity {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sparsevol/sparsevol/internal/loop"
+	"github.com/sparsevol/sparsevol/internal/testutil"
 	"github.com/sparsevol/sparsevol/internal/udev"
 )
 
@@ -232,5 +235,68 @@ func TestUdevRuleWhenUdevStarts(t *testing.T) {
 		case !step.running && !os.IsNotExist(err):
 			t.Errorf("%s: a rule where udev does not run: %q, %v", step.name, got, err)
 		}
+	}
+}
+
+// A record of the binding that imported an identity file is the store's
+// only where that file was the volume's own (SPARSEVOL_VOLUME): a file
+// that names another volume (put there by someone who can write the
+// identity directory, or left from elsewhere) gives the device another
+// identity, and the attach does not take it for the store's.
+func TestSettleIdentityNamesTheVolume(t *testing.T) {
+	defer func(d time.Duration) { retryIdentity = d }(retryIdentity)
+	retryIdentity = 50 * time.Millisecond
+	dir := udev.Dir(t.TempDir())
+	if err := os.MkdirAll(filepath.Join(string(dir), "data"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(string(dir), "control"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := newStore(t, Options{Udev: dir, UdevIdentityDir: filepath.Join(t.TempDir(), "identity")})
+	v := mustCreate(t, s, CreateRequest{Name: "raw", SizeBytes: 1 << 20, Mode: ModeBlock, NoPartition: true})
+	// A device of the test's own, bound to a file of its own: settle only
+	// reads its record and asks for change events of it.
+	file := filepath.Join(t.TempDir(), "backing")
+	if err := os.WriteFile(file, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dev, err := loop.Get(testutil.Losetup(t, file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	num, err := os.ReadFile(filepath.Join("/sys/class/block", filepath.Base(dev.Path), "dev"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	record := filepath.Join(string(dir), "data", "b"+strings.TrimSpace(string(num)))
+	seq := strconv.FormatUint(dev.DiskSeq, 10)
+	for _, tt := range []struct {
+		name, volume string
+		ok           bool
+	}{
+		{"the volume's identity", v.UUID, true},
+		{"another volume's identity", "0f0e0d0c-0b0a-4908-8706-050403020100", false},
+		{"no volume named", "", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			entry := "E:SPARSEVOL_DISKSEQ=" + seq + "\n"
+			if tt.volume != "" {
+				entry += "E:SPARSEVOL_VOLUME=" + tt.volume + "\n"
+			}
+			entry += "E:SPARSEVOL_IDENTITY=store\n"
+			if err := os.WriteFile(record, []byte(entry), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			err := s.settleIdentity(ctx, v, dev)
+			if tt.ok && err != nil {
+				t.Errorf("settle with the volume's own identity: %v", err)
+			}
+			if !tt.ok && !errors.Is(err, errProbed) {
+				t.Errorf("settle with a record of %q, not %s: %v; want errProbed", tt.volume, v.UUID, err)
+			}
+		})
 	}
 }
