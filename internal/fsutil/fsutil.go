@@ -183,7 +183,21 @@ func fsync(fd int, path string) error {
 // caller for good, a device node would be read), and so is a file of
 // more than limit bytes.
 func ReadRegular(path string, limit int64) ([]byte, error) {
-	return readRegular(path, limit, unix.O_NOFOLLOW)
+	return readRegular(path, limit, unix.O_NOFOLLOW, nil)
+}
+
+// ReadOwnRegular is ReadRegular for a file the caller made itself (by
+// ReplaceFile) and trusts only while no one else can change it: a file
+// that is not this process's effective user's, has more than one link
+// (a name elsewhere to write it through), or is writable by group or
+// others is refused before a byte is read (errNotOwn).
+func ReadOwnRegular(path string, limit int64) ([]byte, error) {
+	return readRegular(path, limit, unix.O_NOFOLLOW, func(st *unix.Stat_t) error {
+		if st.Uid != uint32(os.Geteuid()) || st.Nlink != 1 || st.Mode&0o022 != 0 {
+			return errNotOwn
+		}
+		return nil
+	})
 }
 
 // ReadRegularFollowing is ReadRegular for a file an administrator may
@@ -191,12 +205,13 @@ func ReadRegular(path string, limit int64) ([]byte, error) {
 // the links are followed, and what they lead to must be a regular file
 // of at most limit bytes, refused before a byte is read otherwise.
 func ReadRegularFollowing(path string, limit int64) ([]byte, error) {
-	return readRegular(path, limit, 0)
+	return readRegular(path, limit, 0, nil)
 }
 
 // readRegular is ReadRegular, with follow (0 or O_NOFOLLOW) saying
-// whether a final symbolic link is followed.
-func readRegular(path string, limit int64, follow int) ([]byte, error) {
+// whether a final symbolic link is followed and check, if set, what else
+// the open regular file must be.
+func readRegular(path string, limit int64, follow int, check func(st *unix.Stat_t) error) ([]byte, error) {
 	fd, err := unix.Open(path, unix.O_RDONLY|follow|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.ELOOP) && follow != 0 {
 		err = errSymlink
@@ -211,6 +226,11 @@ func readRegular(path string, limit int64, follow int) ([]byte, error) {
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return nil, &os.PathError{Op: "read", Path: path, Err: errNotRegular}
+	}
+	if check != nil {
+		if err := check(&st); err != nil {
+			return nil, &os.PathError{Op: "read", Path: path, Err: err}
+		}
 	}
 	if st.Size > limit {
 		return nil, &os.PathError{Op: "read", Path: path, Err: fmt.Errorf("%d bytes, more than %d", st.Size, limit)}
@@ -272,6 +292,9 @@ var (
 	// the name it is written through.
 	errNotSoleRegular = errors.New("not a regular file with one link")
 	errSymlink        = errors.New("a symbolic link, not followed")
+	// errNotOwn: a file someone else owns, may write, or reaches by
+	// another name.
+	errNotOwn = errors.New("not this user's file with one link, writable by no one else")
 )
 
 // OpenDir opens the directory path for reading its entries, as os.Open

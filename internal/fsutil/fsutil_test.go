@@ -109,6 +109,50 @@ func TestReadRegular(t *testing.T) {
 	}
 }
 
+// ReadOwnRegular reads only a file ReplaceFile could have left: this
+// user's, one link, writable by no one else.
+func TestReadOwnRegular(t *testing.T) {
+	tests := []struct {
+		name string
+		make func(t *testing.T, path string)
+		ok   bool
+	}{
+		{"own file", func(t *testing.T, path string) {}, true},
+		{"group writable", func(t *testing.T, path string) { mustDo(t, os.Chmod(path, 0o664)) }, false},
+		{"world writable", func(t *testing.T, path string) { mustDo(t, os.Chmod(path, 0o646)) }, false},
+		{"second link", func(t *testing.T, path string) { mustDo(t, os.Link(path, path+".2")) }, false},
+		{"another owner", func(t *testing.T, path string) {
+			if os.Geteuid() != 0 {
+				t.Skip("needs root to chown")
+			}
+			mustDo(t, os.Chown(path, 65534, 65534))
+		}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "f")
+			if err := ReplaceFile(path, []byte("data"), 0o644, FlushNone); err != nil {
+				t.Fatal(err)
+			}
+			tt.make(t, path)
+			got, err := ReadOwnRegular(path, 16)
+			if tt.ok && (err != nil || string(got) != "data") {
+				t.Errorf("ReadOwnRegular = %q, %v; want data", got, err)
+			}
+			if !tt.ok && !errors.Is(err, errNotOwn) {
+				t.Errorf("ReadOwnRegular = %q, %v; want errNotOwn", got, err)
+			}
+		})
+	}
+}
+
+func mustDo(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestCreateMarker: a missing marker is made, a regular file left as it
 // is; a symbolic link (dangling or not) is refused without creating or
 // truncating its target, a FIFO without blocking, a directory too.

@@ -89,8 +89,9 @@ func (s *Store) partitionPath(dev *loop.Device) string {
 }
 
 // writeIdentity leaves v's identity for udev's events of dev, a binding
-// proven v's (the caller holds v's lock), unless it is there already (a
-// name holding anything else is replaced, never written through): at
+// proven v's (the caller holds v's lock), unless it is there already in
+// a file no one else can change (fsutil.ReadOwnRegular; a name holding
+// anything else is replaced, never written through): at
 // the bind, as early as it can be (bind, bindMany), and where an attach
 // keeps a device (keep), bound before there was one. A failure costs only the probe udev
 // makes then (which settleIdentity catches for a raw volume): it is
@@ -104,7 +105,7 @@ func (s *Store) writeIdentity(v *Volume, dev *loop.Device) {
 		if f.path == "" || f.data == nil {
 			continue
 		}
-		if got, err := fsutil.ReadRegular(f.path, int64(len(f.data))); err == nil && bytes.Equal(got, f.data) {
+		if got, err := fsutil.ReadOwnRegular(f.path, int64(len(f.data))); err == nil && bytes.Equal(got, f.data) {
 			continue
 		}
 		err := writeNew(f.path, f.data)

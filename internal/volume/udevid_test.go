@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sparsevol/sparsevol/internal/fsutil"
 	"github.com/sparsevol/sparsevol/internal/loop"
 	"github.com/sparsevol/sparsevol/internal/testutil"
@@ -180,6 +182,70 @@ func TestUdevIdentityNoWriteThrough(t *testing.T) {
 			want := string(disk)
 			if got, err := fsutil.ReadRegular(filepath.Join(dir, strconv.Itoa(seq)), 1<<10); err != nil || string(got) != want {
 				t.Errorf("identity %q, %v; want %q", got, err, want)
+			}
+		})
+	}
+}
+
+// TestUdevIdentityOwnFileOnly: a file already at the identity's name is
+// left in place only where it is one writeIdentity could have made: the
+// identity's content in a file of this process's user, with one link and
+// writable by no one else. One with the same content that someone else
+// can still change (another owner, a mode that lets others write, a
+// second name elsewhere) is replaced before udev reads it.
+func TestUdevIdentityOwnFileOnly(t *testing.T) {
+	const seq = 1 << 62
+	tests := []struct {
+		name  string
+		plant func(t *testing.T, path string, data []byte)
+	}{
+		{"writable by others", func(t *testing.T, path string, data []byte) {
+			if err := os.WriteFile(path, data, 0o666); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(path, 0o666); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"another owner", func(t *testing.T, path string, data []byte) {
+			if err := os.WriteFile(path, data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chown(path, 65534, 65534); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"a second name elsewhere", func(t *testing.T, path string, data []byte) {
+			other := filepath.Join(filepath.Dir(filepath.Dir(path)), "other")
+			if err := os.WriteFile(other, data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Link(other, path); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "udev")
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			s := newStore(t, Options{UdevIdentityDir: dir})
+			v := mustCreate(t, s, CreateRequest{Name: "raw", SizeBytes: 1 << 20, Mode: ModeBlock, NoPartition: true})
+			disk, _ := identityFiles(v)
+			path := filepath.Join(dir, strconv.Itoa(seq))
+			tt.plant(t, path, disk)
+			s.writeIdentity(v, &loop.Device{Path: "/dev/loop-test", DiskSeq: seq})
+			var st unix.Stat_t
+			if err := unix.Lstat(path, &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.Uid != uint32(os.Geteuid()) || st.Mode&0o7777 != 0o644 || st.Nlink != 1 || st.Mode&unix.S_IFMT != unix.S_IFREG {
+				t.Errorf("identity file kept: uid %d, mode %o, %d links; want a new one of this user, 0644, one link", st.Uid, st.Mode, st.Nlink)
+			}
+			if got, err := fsutil.ReadRegular(path, 1<<10); err != nil || string(got) != string(disk) {
+				t.Errorf("identity %q, %v; want %q", got, err, disk)
 			}
 		})
 	}
