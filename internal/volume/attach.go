@@ -776,9 +776,10 @@ func (s *Store) detachOwn(v *Volume, d *loop.Device) error {
 		return nil
 	case errors.Is(err, loop.ErrDeferred):
 		// Going away at the opener's last close, which still does I/O
-		// through it: limited until then, no longer published.
+		// through it: limited until then, no longer published. Its
+		// identity stays while it is bound, so that an event of it meanwhile
+		// does not probe the content; the number names no later binding.
 		s.restoreLimits(v, d)
-		s.removeIdentity(d)
 		return fmt.Errorf("detach %s: %w", v.Name, err)
 	case errors.Is(err, loop.ErrBusy):
 		s.restoreLimits(v, d)

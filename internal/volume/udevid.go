@@ -31,7 +31,8 @@ import (
 // bind a new number and reuses none before reboot, so the file describes
 // that binding and no other device: not a later binding of the same device
 // number, not someone else's binding of the same file. Only root writes the
-// directory (on /run). Detach removes the file.
+// directory (on /run). Detach removes the file once the binding is gone;
+// a detach the kernel defers leaves it, naming no later device.
 //
 // A raw volume's content is its user's to write: a probe of it would give
 // the device whatever links that content claims, another volume's or the
@@ -232,7 +233,8 @@ func writeNew(path string, data []byte) error {
 }
 
 // removeIdentity removes what writeIdentity left for dev's binding, once
-// it is detached.
+// it is detached: never while the kernel still holds it bound (a
+// deferred detach), where an event of it would probe the content.
 func (s *Store) removeIdentity(dev *loop.Device) {
 	if path := s.identityPath(dev); path != "" {
 		os.Remove(path)

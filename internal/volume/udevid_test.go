@@ -2,6 +2,7 @@ package volume
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"os"
 	"path/filepath"
@@ -246,6 +247,52 @@ func TestUdevIdentityOwnFileOnly(t *testing.T) {
 			}
 			if got, err := fsutil.ReadRegular(path, 1<<10); err != nil || string(got) != string(disk) {
 				t.Errorf("identity %q, %v; want %q", got, err, disk)
+			}
+		})
+	}
+}
+
+// TestUdevIdentityStaysWhileBound: a detach the kernel defers (the device
+// is still open) leaves the device bound to the volume's file, its
+// content the volume user's, until the last close: its identity stays,
+// so that an event of the device meanwhile (any `udevadm trigger`) finds
+// it and does not probe that content. A detach that leaves the device
+// bound for good (busy) keeps it too.
+func TestUdevIdentityStaysWhileBound(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "udev")
+	s := newStore(t, Options{UdevIdentityDir: dir})
+	for _, tc := range []struct {
+		name  string
+		flags int
+		err   error
+	}{
+		{"deferred", unix.O_RDONLY, loop.ErrDeferred},
+		{"busy", unix.O_RDONLY | unix.O_EXCL, ErrBusy},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := mustCreate(t, s, CreateRequest{Name: "held-" + tc.name, SizeBytes: 1 << 20, Mode: ModeBlock, NoPartition: true})
+			t.Cleanup(func() { s.Delete(context.Background(), v.UUID, DetachOptions{}) })
+			st, err := s.Attach(context.Background(), v.UUID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dev, err := loop.Get(st.Device)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(dir, strconv.FormatUint(dev.DiskSeq, 10))
+			fd, err := unix.Open(st.Device, tc.flags|unix.O_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = s.Detach(v.UUID, DetachOptions{})
+			_, serr := os.Lstat(path)
+			unix.Close(fd)
+			if !errors.Is(err, tc.err) {
+				t.Fatalf("Detach while %s = %v, want %v", tc.name, err, tc.err)
+			}
+			if serr != nil {
+				t.Errorf("a detach that left %s bound removed its identity: %v", st.Device, serr)
 			}
 		})
 	}
