@@ -94,11 +94,19 @@ func (s *Store) partitionPath(dev *loop.Device) string {
 // a file no one else can change (fsutil.ReadOwnRegular; a name holding
 // anything else is replaced, never written through): at
 // the bind, as early as it can be (bind, bindMany), and where an attach
-// keeps a device (keep), bound before there was one. A failure costs only the probe udev
-// makes then (which settleIdentity catches for a raw volume): it is
-// logged.
+// keeps a device (keep), bound before there was one. Nothing is written
+// into a directory others may write (identityDir). A failure costs only
+// the probe udev makes then (which settleIdentity catches for a raw
+// volume): it is logged.
 func (s *Store) writeIdentity(v *Volume, dev *loop.Device) {
 	disk, part := identityFiles(v)
+	if s.identityPath(dev) == "" || disk == nil {
+		return
+	}
+	if err := s.identityDir(); err != nil {
+		s.log.Warn("udev identity", "volume", v.Name, "device", dev.Path, "error", err)
+		return
+	}
 	for _, f := range []struct {
 		path string
 		data []byte
@@ -109,16 +117,40 @@ func (s *Store) writeIdentity(v *Volume, dev *loop.Device) {
 		if got, err := fsutil.ReadOwnRegular(f.path, int64(len(f.data))); err == nil && bytes.Equal(got, f.data) {
 			continue
 		}
-		err := writeNew(f.path, f.data)
-		if errors.Is(err, unix.ENOENT) {
-			if err = os.MkdirAll(s.opts.UdevIdentityDir, 0o755); err == nil {
-				err = writeNew(f.path, f.data)
-			}
-		}
-		if err != nil {
+		if err := writeNew(f.path, f.data); err != nil {
 			s.log.Warn("udev identity", "volume", v.Name, "device", dev.Path, "error", err)
 		}
 	}
+}
+
+// identityDir makes Options.UdevIdentityDir (0755) where it is missing
+// and proves it a directory, not a symbolic link, of this process's user
+// that no one else may write: udev's rule imports whatever file is named
+// there, so a directory someone else can write would let them give any
+// binding any identity. The error says how to make it so.
+func (s *Store) identityDir() error {
+	dir := s.opts.UdevIdentityDir
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		if err = os.MkdirAll(dir, 0o755); err == nil {
+			fd, err = unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("udev identity directory %s: %w (it must be a directory, not a symbolic link)", dir, err)
+	}
+	fd, err = fsutil.CheckFD(fd, func(st *unix.Stat_t) error {
+		if st.Uid != uint32(os.Geteuid()) || st.Mode&0o022 != 0 {
+			return fmt.Errorf("udev identity directory %s is owned by uid %d with mode %04o: others could put identities there "+
+				"(remove it, or chown %d and chmod go-w it): %w", dir, st.Uid, st.Mode&0o7777, os.Geteuid(), ErrUnsafe)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	unix.Close(fd)
+	return nil
 }
 
 // settleIdentity proves that udev's record of dev, a raw volume v's

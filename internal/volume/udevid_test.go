@@ -297,3 +297,61 @@ func TestUdevIdentityStaysWhileBound(t *testing.T) {
 		})
 	}
 }
+
+// TestUdevIdentityDirTrusted: identity files are written only into a
+// directory no one else can write: where someone else could, udev's rule
+// would import whatever they put beside or over them, so nothing is
+// written (udev probes instead, which a raw volume's attach catches) and
+// the log says what to fix. A missing directory is made.
+func TestUdevIdentityDirTrusted(t *testing.T) {
+	const seq = 1 << 62
+	tests := []struct {
+		name    string
+		prepare func(t *testing.T, dir string)
+		ok      bool
+	}{
+		{"missing", func(t *testing.T, dir string) {}, true},
+		{"own, 0755", func(t *testing.T, dir string) { mustMkdir(t, dir, 0o755) }, true},
+		{"writable by all", func(t *testing.T, dir string) { mustMkdir(t, dir, 0o777) }, false},
+		{"writable by its group", func(t *testing.T, dir string) { mustMkdir(t, dir, 0o775) }, false},
+		{"another owner", func(t *testing.T, dir string) {
+			mustMkdir(t, dir, 0o755)
+			if err := os.Chown(dir, 65534, 65534); err != nil {
+				t.Fatal(err)
+			}
+		}, false},
+		{"a symbolic link", func(t *testing.T, dir string) {
+			target := dir + ".target"
+			mustMkdir(t, target, 0o755)
+			if err := os.Symlink(target, dir); err != nil {
+				t.Fatal(err)
+			}
+		}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "udev")
+			tt.prepare(t, dir)
+			s := newStore(t, Options{UdevIdentityDir: dir})
+			v := mustCreate(t, s, CreateRequest{Name: "raw", SizeBytes: 1 << 20, Mode: ModeBlock, NoPartition: true})
+			s.writeIdentity(v, &loop.Device{Path: "/dev/loop-test", DiskSeq: seq})
+			_, err := os.Stat(filepath.Join(dir, strconv.Itoa(seq)))
+			if tt.ok && err != nil {
+				t.Errorf("no identity written: %v", err)
+			}
+			if !tt.ok && err == nil {
+				t.Errorf("an identity written into a directory someone else can write")
+			}
+		})
+	}
+}
+
+func mustMkdir(t *testing.T, dir string, mode os.FileMode) {
+	t.Helper()
+	if err := os.Mkdir(dir, mode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, mode); err != nil { // past the umask
+		t.Fatal(err)
+	}
+}
