@@ -66,7 +66,7 @@ func identityFiles(v *Volume) (disk, part []byte) {
 				head, partTypeLinux, v.UUID)
 	case v.Mode == ModeBlock:
 		return []byte(head), nil
-	case v.State != StateReady || v.FSType == "" || slices.Contains(v.MkfsOptions, "-L"):
+	case v.State != StateReady || v.FSType == "" || slices.Contains(mkfsTokens(v.MkfsOptions), "-L"):
 		return nil, nil
 	}
 	return fmt.Appendf(nil, "%sID_FS_TYPE=%s\nID_FS_USAGE=filesystem\nID_FS_UUID=%s\nID_FS_UUID_ENC=%s\n", head, v.FSType, v.UUID, v.UUID), nil

@@ -355,3 +355,15 @@ func mustMkdir(t *testing.T, dir string, mode os.FileMode) {
 		t.Fatal(err)
 	}
 }
+
+// A filesystem volume made with a label is probed (its /dev/disk/by-label
+// link), however its record spells the option: mkfs gets "-L data" as two
+// tokens (mkfsTokens), and so does the check.
+func TestIdentityFilesLabelled(t *testing.T) {
+	for _, opts := range [][]string{{"-L", "data"}, {"-L data"}, {"-E lazy_itable_init=1 -L data"}} {
+		v := &Volume{UUID: "0f0e0d0c-0b0a-4908-8706-050403020100", Mode: ModeFilesystem, FSType: "ext4", State: StateReady, MkfsOptions: opts}
+		if disk, part := identityFiles(v); disk != nil || part != nil {
+			t.Errorf("identity of a volume made with %q: %q; want none (udev probes the label)", opts, disk)
+		}
+	}
+}
