@@ -596,15 +596,26 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 		}
 		return &csi.ControllerExpandVolumeResponse{CapacityBytes: v.SizeBytes, NodeExpansionRequired: nodeExpansion}, nil
 	}
-	size := volume.RoundUpMiB(want)
-	if lim := cr.GetLimitBytes(); lim > 0 && size > lim {
-		return nil, status.Errorf(codes.OutOfRange, "no whole-MiB size fits %d..%d bytes", cr.GetRequiredBytes(), lim)
+	size, err := expandSize(want, cr)
+	if err != nil {
+		return nil, err
 	}
 	nv, err := d.store.Expand(ctx, id, size, volume.ExpandOptions{FileOnly: true})
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	return &csi.ControllerExpandVolumeResponse{CapacityBytes: nv.SizeBytes, NodeExpansionRequired: nodeExpansion}, nil
+}
+
+// expandSize is the rule of both expand RPCs for growing to want bytes
+// within cr (checked by checkCapacityRange): the whole-MiB size the
+// volume becomes, or OutOfRange where it would pass limit_bytes.
+func expandSize(want int64, cr *csi.CapacityRange) (int64, error) {
+	size := volume.RoundUpMiB(want)
+	if lim := cr.GetLimitBytes(); lim > 0 && size > lim {
+		return 0, status.Errorf(codes.OutOfRange, "no whole-MiB size fits %d..%d bytes", cr.GetRequiredBytes(), lim)
+	}
+	return size, nil
 }
 
 // FSTypeParameter is the StorageClass parameter the external provisioner

@@ -142,7 +142,11 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	if want := req.GetCapacityRange().GetRequiredBytes(); want > size {
 		// The controller step did not reach this node's store (each node's
 		// resizer sees every claim of the driver): grow the whole way here.
-		nv, err := d.store.Expand(ctx, id, want, volume.ExpandOptions{})
+		target, err := expandSize(want, req.GetCapacityRange())
+		if err != nil {
+			return nil, err
+		}
+		nv, err := d.store.Expand(ctx, id, target, volume.ExpandOptions{})
 		if err != nil {
 			return nil, toStatus(err)
 		}

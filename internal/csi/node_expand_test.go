@@ -184,3 +184,41 @@ func TestNodeExpandBlockAtPublishPath(t *testing.T) {
 		t.Errorf("device at %s is %d bytes after NodeExpandVolume, want %d", p.target, n, grown)
 	}
 }
+
+// TestExpandRefusesSizeBeyondLimit asks both expand RPCs for a size no
+// whole MiB meets within limit_bytes (one byte more than the volume):
+// OutOfRange, and the record and the backing file keep their size.
+func TestExpandRefusesSizeBeyondLimit(t *testing.T) {
+	e := newTestEnv(t)
+	ctx := context.Background()
+	const size = 32 << 20
+	c := rwCap(volume.ModeBlock, "")
+	vol := e.createVolume(t, "expand-limit", size, c, nil)
+	p := e.stageAndPublish(t, vol.GetVolumeId(), c)
+	t.Cleanup(func() { e.teardown(t, p) })
+	cr := &csi.CapacityRange{RequiredBytes: size + 1, LimitBytes: size + 1}
+	for _, tc := range []struct {
+		name string
+		call func() error
+	}{
+		{"ControllerExpandVolume", func() error {
+			_, err := e.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: p.id, CapacityRange: cr})
+			return err
+		}},
+		{"NodeExpandVolume", func() error {
+			_, err := e.node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: p.id, VolumePath: p.target,
+				StagingTargetPath: p.staging, CapacityRange: cr, VolumeCapability: c})
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wantCode(t, tc.call(), codes.OutOfRange)
+			if got := volumeSize(t, e, p.id); got != size {
+				t.Errorf("volume size %d after a refused expand, want %d", got, size)
+			}
+			if fi, err := os.Stat(filepath.Join(e.store.Root(), p.id)); err != nil || fi.Size() != size {
+				t.Errorf("backing file after a refused expand: %v, %v; want %d bytes", fi, err, size)
+			}
+		})
+	}
+}
