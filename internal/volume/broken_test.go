@@ -259,6 +259,9 @@ var volumeFieldCorruptions = []fieldCorruption{
 		"fromSnapshot": "0b7e4bd6-1c2b-4a57-9d6a-0e5d7f4e2f10",
 		"clonedFrom":   "1c8f5ce7-2d3c-4b68-8e7b-1f6e8a5f3a21",
 	}, "one source at most"},
+	{"IOPS beyond the kernel's", "ioLimits", map[string]any{"writeIOPS": uint64(1) << 40}, "wiops 1099511627776 is beyond"},
+	{"IOPS of none", "ioLimits", map[string]any{"readIOPS": uint64(1<<32 - 1)}, "riops 4294967295 is beyond"},
+	{"byte rate beyond int64", "ioLimits", map[string]any{"readBytesPerSecond": uint64(1) << 63}, "rbps 9223372036854775808 is beyond"},
 }
 
 // TestSnapshotRecordFieldsChecked: a snapshot record with a field no store
