@@ -112,7 +112,7 @@ func (l Limits) line(major, minor uint32) string {
 }
 
 // parseLine reads one io.max line ("MAJ:MIN key=value ..."); keys it does
-// not know are ignored.
+// not know are ignored, whatever their value.
 func parseLine(s string) (major, minor uint32, l Limits, err error) {
 	words := strings.Fields(s)
 	if len(words) == 0 {
@@ -124,25 +124,18 @@ func parseLine(s string) (major, minor uint32, l Limits, err error) {
 	if !ok || err1 != nil || err2 != nil {
 		return 0, 0, l, fmt.Errorf("io.max line %q: no device number", s)
 	}
+	dst := map[string]*uint64{"rbps": &l.ReadBPS, "wbps": &l.WriteBPS, "riops": &l.ReadIOPS, "wiops": &l.WriteIOPS}
 	for _, w := range words[1:] {
 		k, v, ok := strings.Cut(w, "=")
-		if !ok || v == "max" {
+		p := dst[k]
+		if !ok || p == nil || v == "max" {
 			continue
 		}
 		n, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
-			return 0, 0, l, fmt.Errorf("io.max line %q: %s: %w", s, w, err)
+			return 0, 0, Limits{}, fmt.Errorf("io.max line %q: %s: %w", s, w, err)
 		}
-		switch k {
-		case "rbps":
-			l.ReadBPS = n
-		case "wbps":
-			l.WriteBPS = n
-		case "riops":
-			l.ReadIOPS = n
-		case "wiops":
-			l.WriteIOPS = n
-		}
+		*p = n
 	}
 	return uint32(maj), uint32(min), l, nil
 }

@@ -214,3 +214,31 @@ func TestEnableIO(t *testing.T) {
 		}
 	}
 }
+
+// TestParseLine reads io.max lines as the kernel may write them: a key
+// it does not know is ignored whatever its value; a known key with a
+// value that is not a number, or a line without a device number, is
+// refused.
+func TestParseLine(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		dev  uint64
+		want Limits
+		ok   bool
+	}{
+		{"7:3 rbps=max wbps=max riops=max wiops=max", unix.Mkdev(7, 3), Limits{}, true},
+		{"259:1048575 rbps=1 wiops=2", unix.Mkdev(259, 1048575), Limits{ReadBPS: 1, WriteIOPS: 2}, true},
+		{"7:3 rbps=5 latency=off", unix.Mkdev(7, 3), Limits{ReadBPS: 5}, true},
+		{"7:3 future=1.5 wbps=6", unix.Mkdev(7, 3), Limits{WriteBPS: 6}, true},
+		{"7:3 rbps=abc", 0, Limits{}, false},
+		{"7:3 wiops=-1", 0, Limits{}, false},
+		{"7 rbps=1", 0, Limits{}, false},
+		{"", 0, Limits{}, false},
+	} {
+		maj, min, got, err := parseLine(tc.in)
+		if tc.ok != (err == nil) || (tc.ok && (unix.Mkdev(maj, min) != tc.dev || got != tc.want)) {
+			t.Errorf("parseLine(%q) = %d:%d %+v, %v; want %d:%d %+v, ok=%t",
+				tc.in, maj, min, got, err, unix.Major(tc.dev), unix.Minor(tc.dev), tc.want, tc.ok)
+		}
+	}
+}
