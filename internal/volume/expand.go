@@ -29,7 +29,9 @@ type ExpandOptions struct {
 // is recorded before the first, so a rerun after a crash finishes it. If
 // growing the file fails and leaves it as it was, nothing stays pending;
 // after a later step fails, the expansion is pending (Status says
-// expanding) until a rerun finishes it or AbandonExpand takes it back.
+// expanding) until a rerun finishes it or AbandonExpand takes it back. A
+// mounted filesystem someone froze is refused (refuseFrozen) before
+// anything is recorded, unless FileOnly.
 func (s *Store) Expand(ctx context.Context, ref string, newSize int64, opts ExpandOptions) (*Volume, error) {
 	if newSize <= 0 {
 		return nil, fmt.Errorf("expand %s: size must be positive: %w", Quote(ref), ErrInvalid)
@@ -42,11 +44,16 @@ func (s *Store) Expand(ctx context.Context, ref string, newSize int64, opts Expa
 		}
 		// Prove the file and its devices the volume's before anything is
 		// recorded or grown: a refused expand changes nothing.
-		fd, _, _, err := s.openOwned(v, "expand")
+		fd, _, devs, err := s.openOwned(v, "expand")
 		if err != nil {
 			return err
 		}
 		defer unix.Close(fd)
+		if !opts.FileOnly && len(devs) > 0 {
+			if err := refuseFrozen(v, devs[0]); err != nil {
+				return fmt.Errorf("expand %w", err)
+			}
+		}
 		switch {
 		case v.ExpandingTo != 0 && newSize == v.ExpandingTo:
 			// Resume an interrupted expansion.
@@ -243,7 +250,8 @@ func shrinkBacking(fd int, size int64) error {
 // GrowFilesystem brings the volume's device, partition and filesystem up to
 // the size of its backing file (the node half of a CSI expansion): online
 // where the filesystem is mounted, else through a device of its own that it
-// detaches again.
+// detaches again. A mounted filesystem someone froze is refused
+// (refuseFrozen) before the device grows.
 func (s *Store) GrowFilesystem(ctx context.Context, ref string) error {
 	return s.withVolume(ref, func(v *Volume) error {
 		return s.growDevice(ctx, v, false)
@@ -262,6 +270,11 @@ func (s *Store) growDevice(ctx context.Context, v *Volume, fileOnly bool) error 
 		return err
 	}
 	defer unix.Close(fd)
+	if !fileOnly && len(devs) > 0 {
+		if err := refuseFrozen(v, devs[0]); err != nil {
+			return fmt.Errorf("expand %w", err)
+		}
+	}
 	owner := v.owner(id)
 	for _, d := range devs {
 		if err := loop.SetCapacity(d.Path, owner); err != nil {

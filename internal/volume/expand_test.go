@@ -5,7 +5,9 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -418,5 +420,75 @@ func TestTempMountCovered(t *testing.T) {
 	}
 	if v, err := s.Expand(ctx, "x", 320<<20, ExpandOptions{}); err != nil || v.SizeBytes != 320<<20 {
 		t.Errorf("the expansion once nothing covers it: %+v, %v", v, err)
+	}
+}
+
+// TestExpandFrozenRefused: an online expansion of a filesystem someone
+// else froze (fsfreeze --freeze, a backup hook) is refused with ErrBusy,
+// saying how to thaw it, at once and with nothing changed (record, file,
+// device), instead of waiting in the kernel, unkillable and holding the
+// volume's lock, until the thaw; that freeze stays. Once thawed, the
+// expansion works.
+func TestExpandFrozenRefused(t *testing.T) {
+	for _, tt := range []struct {
+		fsType      string
+		size, grown int64
+	}{
+		{"xfs", 300 << 20, 320 << 20},
+		{"ext4", 32 << 20, 64 << 20},
+	} {
+		t.Run(tt.fsType, func(t *testing.T) {
+			ctx := context.Background()
+			s := newStore(t, Options{})
+			t.Cleanup(func() { s.DetachAll(DetachOptions{}) })
+			mustCreate(t, s, CreateRequest{Name: "v", SizeBytes: tt.size, FSType: tt.fsType, KeepAttached: true})
+			st, err := s.Status("v")
+			if err != nil {
+				t.Fatal(err)
+			}
+			mnt := filepath.Join(t.TempDir(), "mnt")
+			if err := os.Mkdir(mnt, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := unix.Mount(st.DataDevice, mnt, tt.fsType, 0, ""); err != nil {
+				t.Fatalf("mount %s: %v", st.DataDevice, err)
+			}
+			t.Cleanup(func() { unmountEventually(t, mnt) })
+			fd := frozenByOthers(t, mnt)
+
+			done := make(chan error, 1)
+			go func() { _, err := s.Expand(ctx, "v", tt.grown, ExpandOptions{}); done <- err }()
+			select {
+			case err = <-done:
+			case <-time.After(10 * time.Second):
+				unix.IoctlSetInt(fd, ioctlFITHAW, 0) // lets the blocked grow go on
+				<-done
+				t.Fatalf("Expand of a frozen filesystem blocked until it was thawed")
+			}
+			if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "fsfreeze --unfreeze "+mnt) {
+				t.Fatalf("Expand of a frozen filesystem = %v, want ErrBusy saying how to thaw it", err)
+			}
+			if v, err := s.Get("v"); err != nil || v.SizeBytes != tt.size || v.ExpandingTo != 0 {
+				t.Errorf("record after the refused expand: %+v, %v; want size %d, nothing pending", v, err, tt.size)
+			}
+			if fi, err := os.Stat(st.BackingFile); err != nil || fi.Size() != tt.size {
+				t.Errorf("backing file after the refused expand: %v, %v; want %d bytes", fi, err, tt.size)
+			}
+			if n, err := loop.Size(st.Device); err != nil || int64(n) != tt.size {
+				t.Errorf("device after the refused expand: %d, %v; want %d bytes", n, err, tt.size)
+			}
+			if err := unix.IoctlSetInt(fd, ioctlFIFREEZE, 0); !errors.Is(err, unix.EBUSY) {
+				t.Fatalf("the other freeze is gone: FIFREEZE = %v, want EBUSY", err)
+			}
+			if err := unix.IoctlSetInt(fd, ioctlFITHAW, 0); err != nil {
+				t.Fatal(err)
+			}
+			if tt.fsType == "ext4" && testutil.HostLacks(t, testutil.FeatureSysResource, testutil.CapSysResource()) {
+				return // online ext4 growth needs it
+			}
+			if v, err := s.Expand(ctx, "v", tt.grown, ExpandOptions{}); err != nil || v.SizeBytes != tt.grown {
+				t.Fatalf("Expand once thawed: %+v, %v", v, err)
+			}
+		})
 	}
 }

@@ -439,3 +439,42 @@ func thawFD(fd int) (thawed bool, err error) {
 	}
 	return false, fmt.Errorf("FITHAW: %w", err)
 }
+
+// refuseFrozen returns ErrBusy, naming the mount point and how to thaw
+// it, where v's filesystem on dev (v's device, proven by the caller, who
+// holds v's lock) is mounted and someone froze it (FIFREEZE: `fsfreeze
+// --freeze`, a backup hook): growing a frozen filesystem waits in the
+// kernel, unkillable and with v's lock held, until it is thawed. The
+// kernel tells a frozen filesystem by refusing to reconfigure it (EBUSY),
+// asked through a mount point proven on dev (openMountIn); an empty
+// reconfigure changes nothing of one that is not frozen. Where it cannot
+// tell (no mount point proven, no fspick), nothing is refused, and a
+// freeze after the check still holds the grow until the thaw.
+func refuseFrozen(v *Volume, dev *loop.Device) error {
+	if v.Mode != ModeFilesystem {
+		return nil
+	}
+	mounts, err := loop.MountPoints(dev.Path)
+	if err != nil || len(mounts) == 0 {
+		return nil
+	}
+	devnum, err := dev.DevT()
+	if err != nil {
+		return nil
+	}
+	fd, at, err := openMountIn(mounts, devnum)
+	if err != nil {
+		return nil
+	}
+	defer unix.Close(fd)
+	fc, err := unix.Fspick(fd, "", unix.FSPICK_EMPTY_PATH|unix.FSPICK_CLOEXEC)
+	if err != nil {
+		return nil
+	}
+	defer unix.Close(fc)
+	if err := unix.FsconfigReconfigure(fc); errors.Is(err, unix.EBUSY) {
+		return fmt.Errorf("%s: the filesystem at %s is frozen (someone's `fsfreeze --freeze`, a backup hook), and growing it would wait until it is thawed; "+
+			"retry once they thaw it (`fsfreeze --unfreeze %s`): %w", v.Name, at, at, ErrBusy)
+	}
+	return nil
+}
