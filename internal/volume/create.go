@@ -90,15 +90,25 @@ func (r *CreateRequest) Normalize() error {
 // the bounds of the layout (call NormalizeLayout first). Errors wrap
 // ErrInvalid.
 func (r *CreateRequest) NormalizeSize() error {
-	if r.SizeBytes <= 0 {
-		return fmt.Errorf("size must be positive: %w", ErrInvalid)
-	}
-	if r.SizeBytes > maxSize {
-		return fmt.Errorf("size %d is too large (at most %s): %w", r.SizeBytes, FormatSize(maxSize+1), ErrInvalid)
+	if err := checkSize(r.SizeBytes); err != nil {
+		return err
 	}
 	r.SizeBytes = RoundUpMiB(r.SizeBytes)
 	if minimum := MinSize(r.FSType); r.SizeBytes < minimum {
 		return fmt.Errorf("size %s is below the minimum of %s for %s: %w", FormatSize(r.SizeBytes), FormatSize(minimum), r.kind(), ErrInvalid)
+	}
+	return nil
+}
+
+// checkSize is the rule for a size a volume is asked to have, made or
+// grown: positive, and at most maxSize, so that rounding and the store's
+// space arithmetic cannot overflow. Errors wrap ErrInvalid.
+func checkSize(n int64) error {
+	if n <= 0 {
+		return fmt.Errorf("size must be positive: %w", ErrInvalid)
+	}
+	if n > maxSize {
+		return fmt.Errorf("size %d is too large (at most %s): %w", n, FormatSize(maxSize+1), ErrInvalid)
 	}
 	return nil
 }

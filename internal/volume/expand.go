@@ -33,8 +33,8 @@ type ExpandOptions struct {
 // mounted filesystem someone froze is refused (refuseFrozen) before
 // anything is recorded, unless FileOnly.
 func (s *Store) Expand(ctx context.Context, ref string, newSize int64, opts ExpandOptions) (*Volume, error) {
-	if newSize <= 0 {
-		return nil, fmt.Errorf("expand %s: size must be positive: %w", Quote(ref), ErrInvalid)
+	if err := checkSize(newSize); err != nil {
+		return nil, fmt.Errorf("expand %s: %w", Quote(ref), err)
 	}
 	newSize = RoundUpMiB(newSize)
 	var out *Volume

@@ -3,6 +3,7 @@ package volume
 import (
 	"context"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -490,5 +491,28 @@ func TestExpandFrozenRefused(t *testing.T) {
 				t.Fatalf("Expand once thawed: %+v, %v", v, err)
 			}
 		})
+	}
+}
+
+// TestExpandRefusesHugeSize: a size beyond what the store takes (the
+// largest int64, or one MiB past the bound create applies) is refused as
+// invalid, as create refuses it, not weighed as a want of space, and
+// nothing changes.
+func TestExpandRefusesHugeSize(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, Options{})
+	t.Cleanup(func() { s.DetachAll(DetachOptions{}) })
+	v := rawVolume(t, s, "v")
+	for _, size := range []int64{math.MaxInt64, maxSize + MiB, math.MaxInt64 - MiB + 2} {
+		before := listing(t, s.Root())
+		if _, err := s.Expand(ctx, "v", size, ExpandOptions{}); !errors.Is(err, ErrInvalid) || errors.Is(err, ErrNoSpace) {
+			t.Errorf("Expand to %d = %v, want ErrInvalid", size, err)
+		}
+		if after := listing(t, s.Root()); after != before {
+			t.Errorf("the refused expand to %d changed the store:\nbefore %s\nafter  %s", size, before, after)
+		}
+	}
+	if got, err := s.Get(v.UUID); err != nil || got.SizeBytes != MiB || got.ExpandingTo != 0 {
+		t.Errorf("volume after refused expands: %+v, %v", got, err)
 	}
 }
