@@ -521,7 +521,8 @@ func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (
 
 // GetCapacity reports what the store can still promise under its
 // overcommit policy (for thick volumes, no more than is free); the same
-// numbers CreateVolume checks against.
+// numbers CreateVolume checks against. Parameters CreateVolume refuses
+// (I/O limits on a host that cannot enforce them too) have none.
 func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
 	if t := req.GetAccessibleTopology(); t != nil && !d.onThisNode(&csi.TopologyRequirement{Requisite: []*csi.Topology{t}}) {
 		return &csi.GetCapacityResponse{}, nil
@@ -534,8 +535,11 @@ func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (
 		}}
 	}
 	s, err := parseRequest(caps, req.GetParameters(), nil)
+	if err == nil {
+		err = d.store.CheckLimits(s.req.IOLimits)
+	}
 	if err != nil {
-		// Nothing of that kind can be made here.
+		// Nothing of that kind can be made here: CreateVolume refuses it.
 		return &csi.GetCapacityResponse{}, nil
 	}
 	sp, err := d.store.Space()

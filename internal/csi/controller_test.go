@@ -18,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/sparsevol/sparsevol/internal/testutil"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
@@ -687,5 +688,43 @@ func TestControllerRefusalsEchoShort(t *testing.T) {
 				t.Errorf("the store changed:\nbefore:\n%s\nafter:\n%s", before, after)
 			}
 		})
+	}
+}
+
+// TestCapacityWithLimits: a StorageClass with I/O limits has capacity on
+// a node only where CreateVolume can make its volumes: on a host that
+// cannot enforce limits (no cgroup v2 io controller), GetCapacity reports
+// none, as CreateVolume refuses them; elsewhere what any class has.
+func TestCapacityWithLimits(t *testing.T) {
+	e := newTestEnv(t, envOptions{limits: privateLimits(t)})
+	ctx := context.Background()
+	mountRW := rwCap(volume.ModeFilesystem, "ext4")
+	capacity := func(params map[string]string) int64 {
+		t.Helper()
+		resp, err := e.ctrl.GetCapacity(ctx, &csi.GetCapacityRequest{VolumeCapabilities: []*csi.VolumeCapability{mountRW}, Parameters: params})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetAvailableCapacity()
+	}
+	plain := capacity(nil)
+	if plain == 0 {
+		t.Fatal("no capacity without limits")
+	}
+	limited := map[string]string{ParamWriteIOPS: "100"}
+	got := capacity(limited)
+	if !testutil.HostLacks(t, testutil.FeatureIOLimits, e.store.CheckLimits(volume.IOLimits{WriteIOPS: 1})) {
+		if got != plain {
+			t.Errorf("capacity with limits %d, without %d", got, plain)
+		}
+		return
+	}
+	_, err := e.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "limited", VolumeCapabilities: []*csi.VolumeCapability{mountRW}, Parameters: limited})
+	wantCode(t, err, codes.FailedPrecondition)
+	if got != 0 {
+		t.Errorf("GetCapacity for a class with limits = %d on a host that refuses to make its volumes, want 0", got)
+	}
+	if got := capacity(map[string]string{ParamWriteIOPS: "max"}); got != plain {
+		t.Errorf("capacity with no limit given as max = %d, want %d", got, plain)
 	}
 }
