@@ -29,14 +29,15 @@ func ParseIOPS(s string) (uint64, error) {
 }
 
 // ParseBPS parses a bytes-per-second limit in ParseSize's units, or max
-// for none (0).
+// for none (0). Zero is refused: it would stop all I/O. Errors wrap
+// ErrInvalid and say how to ask for no limit.
 func ParseBPS(s string) (uint64, error) {
 	if s == "max" {
 		return 0, nil
 	}
 	n, err := ParseSize(s)
 	if err != nil {
-		return 0, fmt.Errorf("bytes per second: %w", err)
+		return 0, fmt.Errorf("bytes per second (a positive size, or max for no limit): %w", err)
 	}
 	return uint64(n), nil
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -276,5 +277,33 @@ func TestLimitsStayOnADeviceLeftBound(t *testing.T) {
 				t.Fatalf("Detach while %s = %v, want %v", tc.name, err, tc.err)
 			}
 		})
+	}
+}
+
+// TestParseBPS: a byte rate is a size or max; zero, which would stop all
+// I/O, is refused saying max is how to ask for no limit, as ParseIOPS
+// says it; every refusal is ErrInvalid.
+func TestParseBPS(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want uint64
+		ok   bool
+	}{
+		{"max", 0, true},
+		{"10M", 10 << 20, true},
+		{"1.5Ki", 1536, true},
+		{"0", 0, false},
+		{"0.0M", 0, false},
+		{"-1", 0, false},
+		{"99999999P", 0, false},
+		{"", 0, false},
+	} {
+		got, err := ParseBPS(tc.in)
+		if tc.ok != (err == nil) || got != tc.want || (err != nil && !errors.Is(err, ErrInvalid)) {
+			t.Errorf("ParseBPS(%q) = %d, %v; want %d, ok=%t", tc.in, got, err, tc.want, tc.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "max for no limit") {
+			t.Errorf("ParseBPS(%q): %v does not say max is no limit", tc.in, err)
+		}
 	}
 }
