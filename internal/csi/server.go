@@ -104,15 +104,30 @@ func ListenMetrics(addr string) (net.Listener, error) {
 	return l, nil
 }
 
+// metricsInFlight is how many scrapes of /metrics are served at once
+// (two: a pair of Prometheus replicas); one more is answered 503 at once.
+// Anyone who reaches the port may ask, and each scrape looks at every
+// volume of the store.
+const metricsInFlight = 2
+
 // ServeMetrics serves /metrics, and /healthz (health, if not nil) on l, a
-// listener of ListenMetrics, until ctx ends; it closes l.
+// listener of ListenMetrics, until ctx ends; it closes l. At most
+// metricsInFlight scrapes run at once, and a client gets bounded time to
+// send its request and take the answer.
 func ServeMetrics(ctx context.Context, l net.Listener, m *Metrics, health HealthCheck, log *slog.Logger) error {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{MaxRequestsInFlight: metricsInFlight}))
 	if health != nil {
 		mux.Handle("/healthz", healthHandler(health, log))
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      time.Minute,
+		IdleTimeout:       time.Minute,
+		MaxHeaderBytes:    16 << 10,
+	}
 	go func() {
 		<-ctx.Done()
 		shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
