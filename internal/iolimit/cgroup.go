@@ -154,10 +154,13 @@ func (c Config) Where() string {
 
 // Set makes dev's io.max entry on the pods' cgroup exactly l (zero: no
 // entry). The cgroup is made if missing, and the io controller enabled in
-// the subtree_control of each cgroup above it that lacks it. l must be
-// valid (Validate); the host must support limits (Supported) unless l is
-// zero, for which an unsupported host is nothing to do.
-func (c Config) Set(dev uint64, l Limits) error {
+// the subtree_control of each cgroup above it that lacks it; if the
+// write then fails, exactly those changes of this call are undone (the
+// cgroups it made removed, the controllers it enabled disabled), so a
+// refused Set changes nothing. l must be valid (Validate); the host must
+// support limits (Supported) unless l is zero, for which an unsupported
+// host is nothing to do.
+func (c Config) Set(dev uint64, l Limits) (err error) {
 	if err := l.Validate(); err != nil {
 		return err
 	}
@@ -172,15 +175,64 @@ func (c Config) Set(dev uint64, l Limits) error {
 		return fmt.Errorf("no cgroup holding pods under %s (%s): kubelet has not made it, or this is not the host's hierarchy (in a pod: mount the host's /sys/fs/cgroup and give --cgroup-mount); name it with --pods-cgroup: %w",
 			c.mount(), strings.Join(podCgroups, ", "), ErrNotSupported)
 	}
+	var made, enabled []string
+	defer func() {
+		if err != nil {
+			if uerr := undo(made, enabled); uerr != nil {
+				err = errors.Join(err, uerr)
+			}
+		}
+	}()
 	if !ok {
-		if err := os.MkdirAll(cg, 0o755); err != nil {
-			return fmt.Errorf("make cgroup %s: %w", cg, err)
+		if made, err = makeCgroup(c.mount(), cg); err != nil {
+			return err
 		}
 	}
-	if err := enableIO(c.mount(), cg); err != nil {
+	if enabled, err = enableIO(c.mount(), cg); err != nil {
 		return err
 	}
 	return writeLine(cg, l.line(unix.Major(dev), unix.Minor(dev)))
+}
+
+// makeCgroup makes cg and the cgroups between mount and it that are
+// missing, and returns those it made, outermost first.
+func makeCgroup(mount, cg string) ([]string, error) {
+	var missing, made []string
+	for p := cg; p != mount && p != filepath.Dir(p) && !isDir(p); p = filepath.Dir(p) {
+		missing = append(missing, p)
+	}
+	for _, p := range slices.Backward(missing) {
+		err := os.Mkdir(p, 0o755)
+		if errors.Is(err, fs.ErrExist) {
+			continue // made meanwhile by someone else: theirs
+		}
+		if err != nil {
+			return made, fmt.Errorf("make cgroup %s: %w", p, err)
+		}
+		made = append(made, p)
+	}
+	return made, nil
+}
+
+// undo takes back what a failed Set changed: the io controller out of
+// the subtree_control files it was enabled in (enabled, outermost first)
+// and the cgroups made (made, outermost first), innermost first.
+func undo(made, enabled []string) error {
+	var errs []error
+	for _, sc := range slices.Backward(enabled) {
+		if err := writeFile(sc, "-io"); err != nil {
+			errs = append(errs, fmt.Errorf("disable the io controller enabled in %s: %w", sc, err))
+		}
+	}
+	for _, p := range slices.Backward(made) {
+		if err := unix.Rmdir(p); err != nil {
+			errs = append(errs, fmt.Errorf("remove cgroup %s made: %w", p, err))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("undoing a refused limit: %w", errors.Join(errs...))
+	}
+	return nil
 }
 
 // Remove drops dev's io.max entry, if there is one. A host or cgroup
@@ -233,30 +285,33 @@ func (c Config) Entries() (map[uint64]Limits, error) {
 
 // enableIO enables the io controller in the subtree_control of every
 // cgroup from mount down to cg's parent that does not have it yet, so
-// that cg has an io.max.
-func enableIO(mount, cg string) error {
+// that cg has an io.max, and returns the subtree_control files it wrote,
+// outermost first (also with an error: what was enabled before it).
+func enableIO(mount, cg string) ([]string, error) {
 	rel, err := filepath.Rel(mount, filepath.Dir(cg))
 	if err != nil {
-		return fmt.Errorf("cgroup %s: %w", cg, err)
+		return nil, fmt.Errorf("cgroup %s: %w", cg, err)
 	}
 	dir := mount
 	parts := []string{}
 	if rel != "." {
 		parts = strings.Split(rel, "/")
 	}
+	var enabled []string
 	for i := 0; ; i++ {
 		sc := filepath.Join(dir, "cgroup.subtree_control")
 		data, err := os.ReadFile(sc)
 		if err != nil {
-			return fmt.Errorf("enable io controller: %w", err)
+			return enabled, fmt.Errorf("enable io controller: %w", err)
 		}
 		if !slices.Contains(strings.Fields(string(data)), "io") {
 			if err := writeFile(sc, "+io"); err != nil {
-				return fmt.Errorf("enable io controller in %s: %w", sc, err)
+				return enabled, fmt.Errorf("enable io controller in %s: %w", sc, err)
 			}
+			enabled = append(enabled, sc)
 		}
 		if i == len(parts) {
-			return nil
+			return enabled, nil
 		}
 		dir = filepath.Join(dir, parts[i])
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -82,6 +83,90 @@ func TestSetRemove(t *testing.T) {
 	}
 	if got, err := c.Get(dev); err != nil || !got.IsZero() {
 		t.Fatalf("Get after Remove = %+v, %v; want none", got, err)
+	}
+}
+
+// TestRefusedSetChangesNothing: a Set whose io.max write the kernel
+// refuses (a device number no block device has) takes back what it did
+// itself, and only that: the cgroups it made are gone, the io controller
+// it enabled is disabled again, and cgroups and controllers that were
+// there before stay.
+func TestRefusedSetChangesNothing(t *testing.T) {
+	testutil.RequireRoot(t)
+	m, top := testutil.PrivateCgroup2(t)
+	if testutil.HostLacks(t, testutil.FeatureIOLimits, Config{Mount: m, Cgroup: top}.Supported()) {
+		t.Skip("no io controller here; the VM suite's guest run has one and runs this")
+	}
+	_, dev := loopDevice(t)
+	noDevice := unix.Mkdev(0, 1<<19) // major 0 names no block device
+	cg := filepath.Join(top, "pods")
+	subtreeIO := func(t *testing.T, dir string) bool {
+		t.Helper()
+		data, err := os.ReadFile(filepath.Join(m, dir, "cgroup.subtree_control"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.Contains(strings.Fields(string(data)), "io")
+	}
+	exists := func(dir string) bool {
+		_, err := os.Lstat(filepath.Join(m, dir))
+		return err == nil
+	}
+	for _, tc := range []struct {
+		name         string
+		top, pods    bool // the cgroups exist before the Set
+		ioEnabledTop bool // top's subtree_control has io before the Set
+	}{
+		{"nothing made yet", false, false, false},
+		{"parent made, io not enabled in it", true, false, false},
+		{"parent made, io enabled in it", true, false, true},
+		{"all made", true, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Cleanup(func() {
+				os.Remove(filepath.Join(m, cg))
+				os.Remove(filepath.Join(m, top))
+			})
+			if tc.top {
+				if err := os.Mkdir(filepath.Join(m, top), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.ioEnabledTop {
+				if _, err := enableIO(m, filepath.Join(m, cg)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.pods {
+				if err := os.Mkdir(filepath.Join(m, cg), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c := Config{Mount: m, Cgroup: cg}
+			rootIO := subtreeIO(t, ".")
+			if err := c.Set(noDevice, Limits{WriteIOPS: 10}); err == nil || strings.Contains(err.Error(), "undoing") {
+				t.Fatalf("Set for no device = %v, want the kernel's refusal, undone", err)
+			}
+			if got := subtreeIO(t, "."); got != rootIO {
+				t.Errorf("io in the root's subtree_control: %t after a refused Set, %t before", got, rootIO)
+			}
+			if exists(top) != tc.top || exists(cg) != tc.pods {
+				t.Errorf("after a refused Set: %s exists %t, %s exists %t; want %t, %t", top, exists(top), cg, exists(cg), tc.top, tc.pods)
+			}
+			if tc.top && subtreeIO(t, top) != tc.ioEnabledTop {
+				t.Errorf("io in %s's subtree_control: %t after a refused Set, %t before", top, !tc.ioEnabledTop, tc.ioEnabledTop)
+			}
+			// The same Set for a device works, and sets it up.
+			if err := c.Set(dev, Limits{WriteIOPS: 10}); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Remove(dev); err != nil {
+				t.Fatal(err)
+			}
+			if !exists(cg) || !subtreeIO(t, top) {
+				t.Errorf("a Set that worked left no %s with io enabled above it", cg)
+			}
+		})
 	}
 }
 

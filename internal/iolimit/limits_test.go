@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -194,8 +195,12 @@ func TestEnableIO(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := enableIO(m, filepath.Join(m, "a/b/pods")); err != nil {
+	enabled, err := enableIO(m, filepath.Join(m, "a/b/pods"))
+	if err != nil {
 		t.Fatal(err)
+	}
+	if want := []string{filepath.Join(m, "cgroup.subtree_control"), filepath.Join(m, "a/b/cgroup.subtree_control")}; !slices.Equal(enabled, want) {
+		t.Errorf("enableIO enabled io in %q, want %q", enabled, want)
 	}
 	for p, want := range map[string]string{
 		"cgroup.subtree_control":            "+io", // written at offset 0
