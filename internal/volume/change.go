@@ -57,18 +57,33 @@ func (s *Store) CheckLimits(l IOLimits) error {
 
 // applyLimits converges the io.max entry of dev, v's own whole loop
 // device, to v's limits (none: no entry, which also clears what a device
-// of that number served before). The caller holds v's lock and has proven
-// dev v's.
+// of that number served before). The caller holds v's lock.
 func (s *Store) applyLimits(v *Volume, dev *loop.Device) error {
 	return s.applyLimitsOver(v, dev, nil)
 }
 
 // applyLimitsOver is applyLimits knowing the cgroup's entries (nil: not
 // read), which spares a volume whose entry is right already any write.
+// It is the one place a volume's limits are written: the entry is keyed
+// by a device number, which an unbind frees for anyone's bind, so dev is
+// held proven v's (loop.Hold) from before the write until after it;
+// while held, a detach by anyone is only deferred and the number cannot
+// be rebound. A dev that is no longer v's fails with loop.ErrNotAttached
+// or loop.ErrNotOwned (wrapped), and nothing is written.
 func (s *Store) applyLimitsOver(v *Volume, dev *loop.Device, entries map[uint64]IOLimits) error {
-	n, err := dev.DevT()
-	if err == nil && entries != nil && entries[n] == v.IOLimits {
-		return nil
+	if entries != nil {
+		if n, err := dev.DevT(); err == nil && entries[n] == v.IOLimits {
+			return nil
+		}
+	}
+	held, err := loop.Hold(dev.Path, v.owner(dev.Backing))
+	if err != nil {
+		return fmt.Errorf("I/O limits of %s on %s: %w", v.Name, dev.Path, err)
+	}
+	defer held.Close()
+	n, err := held.Device.DevT()
+	if err == nil && limitsRace != nil {
+		limitsRace(held.Device)
 	}
 	if err == nil {
 		err = s.opts.IOLimits.Set(n, v.IOLimits)
@@ -81,6 +96,10 @@ func (s *Store) applyLimitsOver(v *Volume, dev *loop.Device, entries map[uint64]
 	}
 	return nil
 }
+
+// limitsRace, when a test sets it, runs in applyLimitsOver between the
+// proof that the device is the volume's and the io.max write.
+var limitsRace func(d *loop.Device)
 
 // removeLimits drops the io.max entry of dev, v's own device about to be
 // detached (see detachOwn); a failure is logged: the next attach of that
@@ -96,21 +115,17 @@ func (s *Store) removeLimits(v *Volume, dev *loop.Device) {
 }
 
 // restoreLimits puts v's limits back on dev, v's own device that a detach
-// left bound (see detachOwn), while it holds the device proven v's: a
-// deferred detach's device goes at its last close, and its number may be
-// another volume's by then, which keeps its own limits. A failure is
-// logged: the device stays unlimited until the next attach or limit
-// change.
+// left bound (see detachOwn), if it is still v's (applyLimits holds it
+// proven so): a deferred detach's device goes at its last close, and its
+// number may be another volume's by then, which keeps its own limits. A
+// failure is logged: the device stays unlimited until the next attach or
+// limit change.
 func (s *Store) restoreLimits(v *Volume, dev *loop.Device) {
 	if v.IOLimits.IsZero() {
 		return
 	}
-	held, err := loop.Hold(dev.Path, v.owner(dev.Backing))
-	if err != nil {
-		return // no longer v's: nothing of v's to limit
-	}
-	defer held.Close()
-	if err := s.applyLimits(v, dev); err != nil {
+	err := s.applyLimits(v, dev)
+	if err != nil && !errors.Is(err, loop.ErrNotAttached) && !errors.Is(err, loop.ErrNotOwned) {
 		s.log.Warn("I/O limits not restored on a device still bound", "volume", v.Name, "device", dev.Path, "error", err)
 	}
 }

@@ -280,6 +280,81 @@ func TestLimitsStayOnADeviceLeftBound(t *testing.T) {
 	}
 }
 
+// TestLimitsOnlyOnAHeldDevice: a volume's limits are written for its
+// device's number only while the device is held proven the volume's.
+// Someone who detaches the device between the proof and the write and
+// binds the number to a file of their own, with limits of their own, keeps
+// them: their detach is only deferred while the device is held, so their
+// bind fails, or, if it took the number, the volume's limits stay off it.
+func TestLimitsOnlyOnAHeldDevice(t *testing.T) {
+	s, cfg, ok := limitStore(t)
+	if !ok {
+		t.Skip("no io controller here; the VM suite's guest run has one and runs this")
+	}
+	ctx := context.Background()
+	want := IOLimits{WriteBPS: 10 << 20}
+	for _, tc := range []struct {
+		name string
+		op   func(v *Volume) error
+	}{
+		{"change", func(v *Volume) error {
+			_, err := s.Change(v.UUID, Change{IOLimits: &IOLimits{ReadIOPS: 200}})
+			return err
+		}},
+		{"attach", func(v *Volume) error { _, err := s.Attach(ctx, v.UUID); return err }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := mustCreate(t, s, CreateRequest{Name: "raced-" + tc.name, SizeBytes: 16 << 20, Mode: ModeBlock, NoPartition: true,
+				IOLimits: want, KeepAttached: true})
+			t.Cleanup(func() { s.Detach(v.UUID, DetachOptions{Force: true}) })
+			other := filepath.Join(t.TempDir(), "other")
+			if err := os.WriteFile(other, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(other, 8<<20); err != nil {
+				t.Fatal(err)
+			}
+			theirs := IOLimits{ReadIOPS: 123}
+			var dev string
+			var n uint64
+			limitsRace = func(d *loop.Device) {
+				limitsRace = nil
+				var err error
+				if n, err = d.DevT(); err != nil {
+					t.Error(err)
+					return
+				}
+				dev = d.Path
+				t.Cleanup(func() { testutil.DetachIfServes(dev, other) })
+				if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
+					t.Errorf("losetup -d %s: %v: %s", dev, err, out)
+					return
+				}
+				if out, err := exec.Command("losetup", dev, other).CombinedOutput(); err != nil {
+					t.Logf("their bind of %s: %v: %s", dev, err, out)
+					return
+				}
+				if err := cfg.Set(n, theirs); err != nil {
+					t.Error(err)
+				}
+			}
+			t.Cleanup(func() { limitsRace = nil })
+			err := tc.op(v)
+			t.Logf("%s with the device detached under it: %v", tc.name, err)
+			if dev == "" {
+				t.Fatal("no limits were written")
+			}
+			b, _ := os.ReadFile("/sys/block/" + filepath.Base(dev) + "/loop/backing_file")
+			if strings.TrimSpace(string(b)) != other {
+				return // their bind failed: the number stayed the volume's
+			}
+			if got, err := cfg.Get(n); err != nil || got != theirs {
+				t.Errorf("limits of %s, bound to their file = %+v, %v; want theirs, %+v", dev, got, err, theirs)
+			}
+		})
+	}
+}
+
 // TestParseBPS: a byte rate is a size or max; zero, which would stop all
 // I/O, is refused saying max is how to ask for no limit, as ParseIOPS
 // says it; every refusal is ErrInvalid.

@@ -30,7 +30,8 @@ var s10Tests = []struct {
 }{
 	{"./internal/iolimit", []string{"TestSetRemove", "TestRefusedSetChangesNothing"}},
 	{"./internal/volume", []string{"TestChangeLive", "TestLimitsFollowTheDevice",
-		"TestDetachLeavesTheNextBindersLimits", "TestLimitsStayOnADeviceLeftBound"}},
+		"TestDetachLeavesTheNextBindersLimits", "TestLimitsStayOnADeviceLeftBound",
+		"TestLimitsOnlyOnAHeldDevice"}},
 	{"./internal/csi", []string{"TestModifyLive", "TestOnlineExpansion"}},
 	{"./cmd/sparsevol", []string{"TestLimitCommand"}},
 }
