@@ -9,9 +9,11 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -638,4 +640,117 @@ func TestLimitCommand(t *testing.T) {
 		{args: args("limit", "plain", "--clear"), stdout: []string{"plain\tnone"}},
 	})
 	mustRun(t, root, "delete", "plain", "lim")
+}
+
+// TestLimitKeepsAConcurrentChange: `limit` changes the limits its flags
+// name over those the volume has under its lock, so a change of another
+// limit made after `limit` read the volume (a CSI ModifyVolume, another
+// `limit`) stays. The test holds the volume's lock until `limit` waits
+// for it, and makes the other change meanwhile.
+func TestLimitKeepsAConcurrentChange(t *testing.T) {
+	root := newRoot(t)
+	m, cg := testutil.PrivateCgroup2(t)
+	at := []string{"--cgroup-mount", m, "--pods-cgroup", cg}
+	enforced := !testutil.HostLacks(t, testutil.FeatureIOLimits, iolimit.Config{Mount: m, Cgroup: cg}.Supported())
+	for _, tc := range []struct {
+		name      string
+		enforced  bool // needs a host that enforces limits
+		before    map[string]any
+		flags     []string
+		meanwhile func(limits map[string]any)
+		want      volume.IOLimits
+	}{
+		{"lift one while another is lifted", false, map[string]any{"writeIOPS": 100, "readIOPS": 50},
+			[]string{"--write-iops", "max"}, func(l map[string]any) { delete(l, "readIOPS") }, volume.IOLimits{}},
+		{"set one while another is set", true, map[string]any{},
+			[]string{"--write-iops", "100"}, func(l map[string]any) { l["readBytesPerSecond"] = 1 << 20 }, volume.IOLimits{WriteIOPS: 100, ReadBPS: 1 << 20}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.enforced && !enforced {
+				t.Skip("no io controller here; the VM suite's guest run has one and runs this")
+			}
+			mustRun(t, root, "create", "plain", "--size", "8M", "--mode", "block", "--no-partition")
+			t.Cleanup(func() { sparsevol(t, root, nil, "delete", "plain") })
+			uuid := statuses(t, root)[0].UUID
+			meta := filepath.Join(root, uuid+".json")
+			testutil.EditJSON(t, meta, func(rec map[string]any) { rec["ioLimits"] = tc.before })
+			unlock := holdLock(t, filepath.Join(root, ".locks", uuid))
+			cmd := exec.Command(os.Args[0], append(append([]string{"--root", root}, at...), append([]string{"limit", "plain"}, tc.flags...)...)...)
+			cmd.Env = append(os.Environ(), asCLI+"=1")
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			waitForLockWaiter(t, cmd.Process.Pid, filepath.Join(root, ".locks", uuid), done)
+			testutil.EditJSON(t, meta, func(rec map[string]any) {
+				l, _ := rec["ioLimits"].(map[string]any)
+				tc.meanwhile(l)
+			})
+			unlock()
+			if err := <-done; err != nil {
+				t.Fatalf("sparsevol limit plain %v: %v: %s", tc.flags, err, stderr.String())
+			}
+			var got volume.IOLimits
+			if err := json.Unmarshal([]byte(mustRun(t, root, "status", "plain", "-o", "json")), &struct {
+				IOLimits *volume.IOLimits `json:"ioLimits"`
+			}{&got}); err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Errorf("limits after limit %v and a change meanwhile = %+v, want %+v (stdout %q)", tc.flags, got, tc.want, stdout.String())
+			}
+		})
+	}
+}
+
+// holdLock takes the flock of the lock file path (made if missing), as a
+// store operation on its volume would, until the returned func is called
+// (or the test ends).
+func holdLock(t *testing.T, path string) func() {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	unlock := sync.OnceFunc(func() { f.Close() })
+	t.Cleanup(unlock)
+	return unlock
+}
+
+// waitForLockWaiter returns once process pid waits for the flock of the
+// lock file path (/proc/locks shows it blocked, "->"); it fails the test
+// if the process ends first (done) or does not wait within ten seconds.
+func waitForLockWaiter(t *testing.T, pid int, path string, done chan error) {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	ino := fmt.Sprintf(":%d", st.Ino)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		select {
+		case err := <-done:
+			done <- err
+			t.Errorf("process %d ended (%v) before it waited for %s", pid, err, path)
+			return
+		default:
+		}
+		locks, err := os.ReadFile("/proc/locks")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(locks), "\n") {
+			f := strings.Fields(line)
+			if slices.Contains(f, "->") && slices.Contains(f, strconv.Itoa(pid)) && slices.ContainsFunc(f, func(s string) bool { return strings.HasSuffix(s, ino) }) {
+				return
+			}
+		}
+	}
+	t.Fatalf("process %d did not wait for %s within ten seconds", pid, path)
 }

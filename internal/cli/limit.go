@@ -26,20 +26,20 @@ func addLimitFlags(f *pflag.FlagSet) *limitFlags {
 	return l
 }
 
-// apply parses the flags that were given over base; the rules are
-// volume's (ParseBPS, ParseIOPS) and iolimit's.
-func (l *limitFlags) apply(base volume.IOLimits) (volume.IOLimits, bool, error) {
-	changed := false
+// change parses the flags that were given into a change of the limits
+// they name; the rules are volume's (ParseBPS, ParseIOPS) and iolimit's.
+func (l *limitFlags) change() (volume.LimitChange, error) {
+	var ch volume.LimitChange
 	for _, f := range []struct {
 		name  string
 		val   string
 		bytes bool
-		dst   *uint64
+		dst   **uint64
 	}{
-		{"read-bps", l.readBPS, true, &base.ReadBPS},
-		{"write-bps", l.writeBPS, true, &base.WriteBPS},
-		{"read-iops", l.readIOPS, false, &base.ReadIOPS},
-		{"write-iops", l.writeIOPS, false, &base.WriteIOPS},
+		{"read-bps", l.readBPS, true, &ch.ReadBPS},
+		{"write-bps", l.writeBPS, true, &ch.WriteBPS},
+		{"read-iops", l.readIOPS, false, &ch.ReadIOPS},
+		{"write-iops", l.writeIOPS, false, &ch.WriteIOPS},
 	} {
 		if !l.flags.Changed(f.name) {
 			continue
@@ -50,11 +50,11 @@ func (l *limitFlags) apply(base volume.IOLimits) (volume.IOLimits, bool, error) 
 		}
 		n, err := parse(f.val)
 		if err != nil {
-			return base, false, fmt.Errorf("--%s: %w", f.name, err)
+			return volume.LimitChange{}, fmt.Errorf("--%s: %w", f.name, err)
 		}
-		*f.dst, changed = n, true
+		*f.dst = &n
 	}
-	return base, changed, nil
+	return ch, nil
 }
 
 func newLimitCommand(g *globals) *cobra.Command {
@@ -86,18 +86,21 @@ fails (exit 1) and changes nothing.`,
 			if err := v.Refusal(); err != nil {
 				return err // a stand-in's limits are not its record's
 			}
-			limits, changed, err := lf.apply(v.IOLimits)
+			// The flags are a change, applied over the limits the volume
+			// has under its lock (Store.Change): a concurrent change of
+			// another limit stays.
+			ch, err := lf.change()
 			if err != nil {
 				return err
 			}
 			if clear {
-				if changed {
+				if !ch.IsZero() {
 					return usagef("--clear takes no other limit")
 				}
-				limits, changed = volume.IOLimits{}, true
+				ch = volume.LimitsTo(volume.IOLimits{})
 			}
-			if changed {
-				st, err := s.Change(args[0], volume.Change{IOLimits: &limits})
+			if !ch.IsZero() {
+				st, err := s.Change(args[0], volume.Change{IOLimits: ch})
 				if err != nil {
 					return err
 				}

@@ -76,9 +76,11 @@ extents and is instant; elsewhere it copies the data, never the holes.`,
 			if cmd.Flags().Changed("direct-io") {
 				req.DirectIO = &directIO
 			}
-			if req.IOLimits, _, err = lf.apply(volume.IOLimits{}); err != nil {
+			limits, err := lf.change()
+			if err != nil {
 				return err
 			}
+			req.IOLimits = limits.Over(volume.IOLimits{})
 			if err := req.Normalize(); err != nil {
 				return err
 			}

@@ -104,6 +104,7 @@ func parseRequest(caps []*csi.VolumeCapability, params map[string]string, cr *cs
 		}
 		r.Mode = mode
 	}
+	var limits volume.LimitChange
 	for k, v := range params {
 		switch k {
 		case ParamProvisioning:
@@ -131,7 +132,7 @@ func parseRequest(caps []*csi.VolumeCapability, params map[string]string, cr *cs
 			}
 			s.discard = b
 		case ParamReadIOPS, ParamWriteIOPS, ParamReadBPS, ParamWriteBPS:
-			if err := parseLimit(k, v, &r.IOLimits); err != nil {
+			if err := parseLimit(k, v, &limits); err != nil {
 				return nil, err
 			}
 		default:
@@ -142,6 +143,7 @@ func parseRequest(caps []*csi.VolumeCapability, params map[string]string, cr *cs
 			}
 		}
 	}
+	r.IOLimits = limits.Over(r.IOLimits)
 	if capFS != "" {
 		if r.FSType != "" && r.FSType != capFS {
 			return nil, status.Errorf(codes.InvalidArgument, "parameter %s=%s contradicts the capability's fs_type %s", ParamFSType, volume.Quote(r.FSType), volume.Quote(capFS))

@@ -54,22 +54,28 @@ func withMutable(params, mutable map[string]string) (map[string]string, error) {
 	return out, nil
 }
 
-// parseLimit parses the limit parameter k into l; the rules are volume's.
-func parseLimit(k, v string, l *volume.IOLimits) error {
-	var err error
+// parseLimit parses the limit parameter k into a change of that limit
+// in ch; the rules are volume's.
+func parseLimit(k, v string, ch *volume.LimitChange) error {
+	var dst **uint64
+	parse := volume.ParseIOPS
 	switch k {
 	case ParamReadIOPS:
-		l.ReadIOPS, err = volume.ParseIOPS(v)
+		dst = &ch.ReadIOPS
 	case ParamWriteIOPS:
-		l.WriteIOPS, err = volume.ParseIOPS(v)
+		dst = &ch.WriteIOPS
 	case ParamReadBPS:
-		l.ReadBPS, err = volume.ParseBPS(v)
+		dst, parse = &ch.ReadBPS, volume.ParseBPS
 	case ParamWriteBPS:
-		l.WriteBPS, err = volume.ParseBPS(v)
+		dst, parse = &ch.WriteBPS, volume.ParseBPS
+	default:
+		return nil
 	}
+	n, err := parse(v)
 	if err != nil {
 		return status.Errorf(codes.InvalidArgument, "parameter %s: %v", k, err)
 	}
+	*dst = &n
 	return nil
 }
 
@@ -114,8 +120,10 @@ func (d *Driver) ControllerModifyVolume(ctx context.Context, req *csi.Controller
 	if err != nil {
 		return nil, err
 	}
-	if ch.IOLimits != nil {
-		if err := d.store.CheckLimits(*ch.IOLimits); err != nil {
+	// Checked again, over the limits the volume has then, under its lock
+	// (Store.Change): a `sparsevol limit` may change another meanwhile.
+	if !ch.IOLimits.IsZero() {
+		if err := d.store.CheckLimits(ch.IOLimits.Over(v.IOLimits)); err != nil {
 			return nil, toStatus(fmt.Errorf("modify volume %s: %w", id, err))
 		}
 	}
@@ -144,7 +152,6 @@ func (d *Driver) ControllerModifyVolume(ctx context.Context, req *csi.Controller
 // nil, is the discard mount option a staged filesystem must have.
 func changeFor(v *volume.Volume, params map[string]string) (volume.Change, *bool, error) {
 	ch := volume.Change{Labels: map[string]string{}}
-	limits := v.IOLimits
 	thick := v.Preallocate
 	discard := v.Labels[LabelDiscard] == "true"
 	var discardChanged, discardGiven bool
@@ -152,10 +159,9 @@ func changeFor(v *volume.Volume, params map[string]string) (volume.Change, *bool
 		val := params[k]
 		switch k {
 		case ParamReadIOPS, ParamWriteIOPS, ParamReadBPS, ParamWriteBPS:
-			if err := parseLimit(k, val, &limits); err != nil {
+			if err := parseLimit(k, val, &ch.IOLimits); err != nil {
 				return ch, nil, err
 			}
-			ch.IOLimits = &limits
 		case ParamDirectIO:
 			b, err := strconv.ParseBool(val)
 			if err != nil {

@@ -156,11 +156,41 @@ func FormatLimits(l IOLimits) string {
 	return out
 }
 
+// LimitChange changes some of a volume's I/O limits: a field given (not
+// nil) replaces that limit (0: none), the others keep the values the
+// volume has when the change is applied, under its lock, so that two
+// changes of different limits both take effect, whoever reads first.
+type LimitChange struct {
+	ReadBPS, WriteBPS, ReadIOPS, WriteIOPS *uint64
+}
+
+// LimitsTo is the change that makes all four limits l's (zero: lifts
+// every limit).
+func LimitsTo(l IOLimits) LimitChange {
+	return LimitChange{&l.ReadBPS, &l.WriteBPS, &l.ReadIOPS, &l.WriteIOPS}
+}
+
+// IsZero reports whether c changes nothing.
+func (c LimitChange) IsZero() bool { return c == LimitChange{} }
+
+// Over returns l with the limits c gives replaced.
+func (c LimitChange) Over(l IOLimits) IOLimits {
+	for _, f := range []struct{ src, dst *uint64 }{
+		{c.ReadBPS, &l.ReadBPS}, {c.WriteBPS, &l.WriteBPS}, {c.ReadIOPS, &l.ReadIOPS}, {c.WriteIOPS, &l.WriteIOPS},
+	} {
+		if f.src != nil {
+			*f.dst = *f.src
+		}
+	}
+	return l
+}
+
 // Change is a change of a volume's settings that takes effect live; nil
-// (or false) fields stay as they are.
+// (or false, or zero) fields stay as they are.
 type Change struct {
-	// IOLimits replaces all four limits (zero: none).
-	IOLimits *IOLimits
+	// IOLimits changes the limits it gives, over those the volume has
+	// under its lock.
+	IOLimits LimitChange
 	// DirectIO turns direct I/O on the backing file on or off, on the
 	// attached device too (the kernel may refuse it: see Status).
 	DirectIO *bool
@@ -173,21 +203,29 @@ type Change struct {
 }
 
 // Change applies ch to the volume ref, live: validated first (ErrInvalid,
-// ErrNotSupported, ErrNoSpace: nothing changed), then, under the volume's
+// ErrNotSupported, ErrNoSpace: nothing changed; the limits the volume
+// would end with are checked under its lock), then, under the volume's
 // lock and with its devices proven its own, the file, the devices and the
 // metadata. If a step fails, what was changed on the devices is put back
 // and the metadata stays as it was; a file already allocated stays so
 // (its data is the same).
 func (s *Store) Change(ref string, ch Change) (*Status, error) {
-	if ch.IOLimits != nil {
-		if err := s.CheckLimits(*ch.IOLimits); err != nil {
-			return nil, fmt.Errorf("change %s: %w", Quote(ref), err)
-		}
+	// The limits given alone: a value beyond the kernel's, or a limit on
+	// a host that cannot enforce any, is refused before the lock.
+	if err := s.CheckLimits(ch.IOLimits.Over(IOLimits{})); err != nil {
+		return nil, fmt.Errorf("change %s: %w", Quote(ref), err)
 	}
 	var st *Status
 	err := s.withVolume(ref, func(v *Volume) error {
 		if v.State != StateReady {
 			return fmt.Errorf("change %s: state %s: %w", v.Name, v.State, ErrNotReady)
+		}
+		limits := v.IOLimits
+		if !ch.IOLimits.IsZero() {
+			limits = ch.IOLimits.Over(v.IOLimits)
+			if err := s.CheckLimits(limits); err != nil {
+				return fmt.Errorf("change %s: %w", v.Name, err)
+			}
 		}
 		labels := v.Labels
 		if len(ch.Labels) > 0 {
@@ -225,9 +263,7 @@ func (s *Store) Change(ref string, ch Change) (*Status, error) {
 			}
 			v.Preallocate = true
 		}
-		if ch.IOLimits != nil {
-			v.IOLimits = *ch.IOLimits
-		}
+		v.IOLimits = limits
 		if ch.DirectIO != nil {
 			v.DirectIO = *ch.DirectIO
 		}

@@ -99,7 +99,7 @@ func TestChangeLive(t *testing.T) {
 
 	before := metaBytes(t, s, v.UUID)
 	for _, bad := range []IOLimits{{ReadIOPS: iolimit.MaxIOPS + 1}, {WriteBPS: ^uint64(0)}} {
-		if _, err := s.Change(v.UUID, Change{IOLimits: &bad, DirectIO: &off}); !errors.Is(err, ErrInvalid) {
+		if _, err := s.Change(v.UUID, Change{IOLimits: LimitsTo(bad), DirectIO: &off}); !errors.Is(err, ErrInvalid) {
 			t.Errorf("Change(%+v) = %v, want ErrInvalid", bad, err)
 		}
 	}
@@ -128,7 +128,7 @@ func TestLimitsFollowTheDevice(t *testing.T) {
 		assertNothingLeft(t, s)
 		v := rawAttached(t, s, "plain")
 		before := metaBytes(t, s, v.UUID)
-		if _, err := s.Change(v.UUID, Change{IOLimits: &want}); !errors.Is(err, ErrNotSupported) {
+		if _, err := s.Change(v.UUID, Change{IOLimits: LimitsTo(want)}); !errors.Is(err, ErrNotSupported) {
 			t.Fatalf("Change of limits = %v, want ErrNotSupported", err)
 		}
 		if !bytes.Equal(metaBytes(t, s, v.UUID), before) {
@@ -162,7 +162,7 @@ func TestLimitsFollowTheDevice(t *testing.T) {
 	}
 	v := rawAttached(t, s, "limited")
 	n := devNumber(t, s, v.UUID)
-	if _, err := s.Change(v.UUID, Change{IOLimits: &want}); err != nil {
+	if _, err := s.Change(v.UUID, Change{IOLimits: LimitsTo(want)}); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := cfg.Get(n); err != nil || got != want {
@@ -181,7 +181,7 @@ func TestLimitsFollowTheDevice(t *testing.T) {
 	if got, err := cfg.Get(n); err != nil || got != want {
 		t.Fatalf("io.max entry after AttachAll = %+v, %v; want %+v", got, err, want)
 	}
-	if _, err := s.Change(v.UUID, Change{IOLimits: &IOLimits{}}); err != nil {
+	if _, err := s.Change(v.UUID, Change{IOLimits: LimitsTo(IOLimits{})}); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := cfg.Get(n); err != nil || !got.IsZero() {
@@ -298,7 +298,7 @@ func TestLimitsOnlyOnAHeldDevice(t *testing.T) {
 		op   func(v *Volume) error
 	}{
 		{"change", func(v *Volume) error {
-			_, err := s.Change(v.UUID, Change{IOLimits: &IOLimits{ReadIOPS: 200}})
+			_, err := s.Change(v.UUID, Change{IOLimits: LimitsTo(IOLimits{ReadIOPS: 200})})
 			return err
 		}},
 		{"attach", func(v *Volume) error { _, err := s.Attach(ctx, v.UUID); return err }},
@@ -352,6 +352,31 @@ func TestLimitsOnlyOnAHeldDevice(t *testing.T) {
 				t.Errorf("limits of %s, bound to their file = %+v, %v; want theirs, %+v", dev, got, err, theirs)
 			}
 		})
+	}
+}
+
+// TestLimitChangeOver: a change replaces the limits it gives, 0 lifting
+// one, and keeps the others as they are.
+func TestLimitChangeOver(t *testing.T) {
+	n := func(v uint64) *uint64 { return &v }
+	have := IOLimits{ReadBPS: 1, WriteBPS: 2, ReadIOPS: 3, WriteIOPS: 4}
+	for _, tc := range []struct {
+		name string
+		ch   LimitChange
+		want IOLimits
+	}{
+		{"nothing", LimitChange{}, have},
+		{"one set", LimitChange{WriteIOPS: n(40)}, IOLimits{ReadBPS: 1, WriteBPS: 2, ReadIOPS: 3, WriteIOPS: 40}},
+		{"one lifted", LimitChange{ReadBPS: n(0)}, IOLimits{WriteBPS: 2, ReadIOPS: 3, WriteIOPS: 4}},
+		{"all", LimitsTo(IOLimits{ReadIOPS: 9}), IOLimits{ReadIOPS: 9}},
+		{"all lifted", LimitsTo(IOLimits{}), IOLimits{}},
+	} {
+		if got := tc.ch.Over(have); got != tc.want {
+			t.Errorf("%s: Over(%+v) = %+v, want %+v", tc.name, have, got, tc.want)
+		}
+		if tc.ch.IsZero() != (tc.name == "nothing") {
+			t.Errorf("%s: IsZero() = %t", tc.name, tc.ch.IsZero())
+		}
 	}
 }
 

@@ -33,7 +33,7 @@ var s10Tests = []struct {
 		"TestDetachLeavesTheNextBindersLimits", "TestLimitsStayOnADeviceLeftBound",
 		"TestLimitsOnlyOnAHeldDevice"}},
 	{"./internal/csi", []string{"TestModifyLive", "TestOnlineExpansion"}},
-	{"./cmd/sparsevol", []string{"TestLimitCommand"}},
+	{"./cmd/sparsevol", []string{"TestLimitCommand", "TestLimitKeepsAConcurrentChange"}},
 }
 
 // s10Boot is where the tests run: the boot that clears the store
