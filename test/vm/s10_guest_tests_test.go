@@ -31,7 +31,7 @@ var s10Tests = []struct {
 	{"./internal/iolimit", []string{"TestSetRemove", "TestRefusedSetChangesNothing"}},
 	{"./internal/volume", []string{"TestChangeLive", "TestLimitsFollowTheDevice",
 		"TestDetachLeavesTheNextBindersLimits", "TestLimitsStayOnADeviceLeftBound",
-		"TestLimitsOnlyOnAHeldDevice"}},
+		"TestLimitsOnlyOnAHeldDevice", "TestExpandFrozenRefused"}},
 	{"./internal/csi", []string{"TestModifyLive", "TestOnlineExpansion"}},
 	{"./cmd/sparsevol", []string{"TestLimitCommand", "TestLimitKeepsAConcurrentChange"}},
 }
