@@ -740,3 +740,62 @@ func TestDiskSeqNamesTheBinding(t *testing.T) {
 		t.Fatalf("rebinding %s gave disk sequence %d after %d: a number must not be reused", path, again.DiskSeq, first.DiskSeq)
 	}
 }
+
+// TestBusySeesOpenersByAnyPath: a process that holds the device open is
+// a user whatever path it opened it by: /dev/loopN, a node made with
+// mknod elsewhere (as a container's /dev/xvda is), or one unlinked since.
+func TestBusySeesOpenersByAnyPath(t *testing.T) {
+	testutil.RequireRoot(t)
+	path, _ := backingFile(t, 16<<20)
+	dev := attach(t, path, AttachOptions{})
+	devnum, err := dev.DevT()
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := filepath.Join(t.TempDir(), "xvda")
+	if err := unix.Mknod(node, unix.S_IFBLK|0o600, int(devnum)); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		path   string
+		unlink bool
+	}{
+		{"by its own name", dev.Path, false},
+		{"by another node", node, false},
+		{"by a node unlinked since", node + "-gone", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.path != dev.Path && tc.path != node {
+				if err := unix.Mknod(tc.path, unix.S_IFBLK|0o600, int(devnum)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f, err := os.OpenFile(tc.path, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command("sleep", "60")
+			cmd.ExtraFiles = []*os.File{f}
+			err = cmd.Start()
+			f.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+			if tc.unlink {
+				if err := os.Remove(tc.path); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := Busy(dev.Path); !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "pid "+strconv.Itoa(cmd.Process.Pid)) {
+				t.Errorf("Busy while pid %d holds it open %s = %v, want ErrBusy naming it", cmd.Process.Pid, tc.name, err)
+			}
+			cmd.Process.Kill()
+			cmd.Wait()
+			if err := Busy(dev.Path); err != nil {
+				t.Errorf("Busy once it is closed = %v, want nil", err)
+			}
+		})
+	}
+}

@@ -118,10 +118,26 @@ func mountsOf(devnums map[string]string) []string {
 }
 
 // openers names processes that hold /dev/loopN or its partitions open, by
-// scanning /proc/*/fd. It is only used to explain a deferred detach, so it
-// is best effort and may miss processes in other PID namespaces.
+// scanning /proc/*/fd: an fd counts when it is open on a block device node
+// of one of those device numbers, whatever its path (a node made with
+// mknod elsewhere, a container's /dev/xvda). Each fd's target is looked
+// at through its /proc link with AT_STATX_DONT_SYNC, so a file on a
+// network or FUSE filesystem is not asked about; fds that name no path
+// (sockets, pipes) are skipped unlooked. Best effort: it may miss
+// processes in other PID namespaces.
 func openers(n int) []string {
-	prefix := fmt.Sprintf("/dev/loop%d", n)
+	devs := map[uint64]bool{}
+	for _, dir := range sysDirs(n) {
+		if b, err := os.ReadFile(filepath.Join(dir, "dev")); err == nil {
+			var major, minor uint32
+			if _, err := fmt.Sscanf(strings.TrimSpace(string(b)), "%d:%d", &major, &minor); err == nil {
+				devs[unix.Mkdev(major, minor)] = true
+			}
+		}
+	}
+	if len(devs) == 0 {
+		return nil
+	}
 	self := strconv.Itoa(os.Getpid())
 	procs, err := os.ReadDir("/proc")
 	if err != nil {
@@ -132,16 +148,13 @@ func openers(n int) []string {
 		if _, err := strconv.Atoi(p.Name()); err != nil || p.Name() == self {
 			continue
 		}
-		fds, err := os.ReadDir(filepath.Join("/proc", p.Name(), "fd"))
+		dir := filepath.Join("/proc", p.Name(), "fd")
+		fds, err := os.ReadDir(dir)
 		if err != nil {
 			continue
 		}
 		for _, fd := range fds {
-			target, err := os.Readlink(filepath.Join("/proc", p.Name(), "fd", fd.Name()))
-			if err != nil {
-				continue
-			}
-			if target == prefix || strings.HasPrefix(target, prefix+"p") {
+			if opensOneOf(filepath.Join(dir, fd.Name()), devs) {
 				comm, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "comm"))
 				out = append(out, fmt.Sprintf("pid %s (%q)", p.Name(), strings.TrimSpace(string(comm))))
 				break
@@ -149,4 +162,18 @@ func openers(n int) []string {
 		}
 	}
 	return out
+}
+
+// opensOneOf reports whether link, a /proc/PID/fd entry, is open on a
+// block device node of one of devs.
+func opensOneOf(link string, devs map[uint64]bool) bool {
+	target, err := os.Readlink(link)
+	if err != nil || !strings.HasPrefix(target, "/") {
+		return false
+	}
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, link, unix.AT_STATX_DONT_SYNC, unix.STATX_TYPE, &stx); err != nil {
+		return false
+	}
+	return stx.Mode&unix.S_IFMT == unix.S_IFBLK && devs[unix.Mkdev(stx.Rdev_major, stx.Rdev_minor)]
 }
