@@ -77,7 +77,7 @@ func writeTrimTable(g *globals, results []*volume.TrimResult) {
 		case r.Skipped == "":
 			fsUses = volume.FormatBytes(r.FilesystemUsedBytes)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, dash(r.MountPoint),
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, dash(volume.Shown(r.MountPoint)),
 			volume.FormatBytes(r.AllocatedBefore), volume.FormatBytes(r.AllocatedAfter), volume.FormatBytes(r.ReclaimedBytes()), fsUses, dash(note))
 	}
 	w.Flush()
