@@ -48,7 +48,7 @@ JSON, which kubectl apply and kustomize read as they read YAML.`,
 				return fmt.Errorf("pv %s: state %s: %w (`sparsevol status %s` says what to do)", v.UUID, v.State, volume.ErrNotReady, v.UUID)
 			}
 			if node == "" {
-				if node, err = os.Hostname(); err != nil {
+				if node, err = defaultNode(); err != nil {
 					return err
 				}
 				if err := checkK8sName("node (this host's name)", node, validation.IsValidLabelValue); err != nil {
@@ -64,9 +64,23 @@ JSON, which kubectl apply and kustomize read as they read YAML.`,
 		},
 	}
 	cmd.Flags().StringVar(&storageClass, "storage-class", PVStorageClass, "storageClassName of the PV (empty: none)")
-	cmd.Flags().StringVar(&node, "node", "", "node name for nodeAffinity (default: this host's name)")
+	cmd.Flags().StringVar(&node, "node", "", "node name for nodeAffinity (default: this host's name, lowercased, as kubelet names the node)")
 	cmd.Flags().StringVar(&name, "name", "", "PV name (default: the volume name if it is a valid name, else sparsevol-<uuid>)")
 	return cmd
+}
+
+// hostname is os.Hostname; a variable for tests.
+var hostname = os.Hostname
+
+// defaultNode is this host's node name as kubelet makes it, and so the
+// value of its kubernetes.io/hostname label: the host name lowercased
+// (without --hostname-override).
+func defaultNode() (string, error) {
+	h, err := hostname()
+	if err != nil {
+		return "", fmt.Errorf("this host's name (give --node): %w", err)
+	}
+	return strings.ToLower(strings.TrimSpace(h)), nil
 }
 
 // checkPVFlags refuses flags that would make an invalid manifest: the PV

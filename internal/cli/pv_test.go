@@ -67,3 +67,22 @@ func TestPVManifest(t *testing.T) {
 		})
 	}
 }
+
+// TestDefaultNodeAsKubeletNamesIt: without --node the manifest is pinned
+// to the name kubelet gives this node and its kubernetes.io/hostname
+// label, the host name lowercased: a host named Node1 is node1, which a
+// nodeAffinity of Node1 would never match (the pod stays Pending).
+func TestDefaultNodeAsKubeletNamesIt(t *testing.T) {
+	saved := hostname
+	t.Cleanup(func() { hostname = saved })
+	for _, tc := range []struct{ host, want string }{
+		{"node-1", "node-1"},
+		{"Node1", "node1"},
+		{"WORKER-3.Example.COM", "worker-3.example.com"},
+	} {
+		hostname = func() (string, error) { return tc.host, nil }
+		if got, err := defaultNode(); err != nil || got != tc.want {
+			t.Errorf("defaultNode() on host %q = %q, %v; want %q", tc.host, got, err, tc.want)
+		}
+	}
+}
