@@ -54,13 +54,7 @@ func exclusiveUsers(n int) error {
 // devices (device-mapper and the like). It reads sysfs and mountinfo only.
 func Users(n int) []string {
 	dirs := sysDirs(n)
-	devnums := map[string]string{} // "major:minor" -> device name
-	for _, dir := range dirs {
-		if b, err := os.ReadFile(filepath.Join(dir, "dev")); err == nil {
-			devnums[strings.TrimSpace(string(b))] = filepath.Base(dir)
-		}
-	}
-	users := mountsOf(devnums)
+	users := mountsOf(devNumbers(dirs))
 	for _, dir := range dirs {
 		holders, _ := os.ReadDir(filepath.Join(dir, "holders"))
 		for _, h := range holders {
@@ -68,6 +62,18 @@ func Users(n int) []string {
 		}
 	}
 	return users
+}
+
+// devNumbers maps the "major:minor" of each device of dirs (sysDirs: a
+// loop device and its partitions) to the device's name, from sysfs.
+func devNumbers(dirs []string) map[string]string {
+	devnums := map[string]string{}
+	for _, dir := range dirs {
+		if b, err := os.ReadFile(filepath.Join(dir, "dev")); err == nil {
+			devnums[strings.TrimSpace(string(b))] = filepath.Base(dir)
+		}
+	}
+	return devnums
 }
 
 // MountPoints returns where the device path (a loop device or partition) is
@@ -126,15 +132,7 @@ func mountsOf(devnums map[string]string) []string {
 // (sockets, pipes) are skipped unlooked. Best effort: it may miss
 // processes in other PID namespaces.
 func openers(n int) []string {
-	devs := map[uint64]bool{}
-	for _, dir := range sysDirs(n) {
-		if b, err := os.ReadFile(filepath.Join(dir, "dev")); err == nil {
-			var major, minor uint32
-			if _, err := fmt.Sscanf(strings.TrimSpace(string(b)), "%d:%d", &major, &minor); err == nil {
-				devs[unix.Mkdev(major, minor)] = true
-			}
-		}
-	}
+	devs := devNumbers(sysDirs(n))
 	if len(devs) == 0 {
 		return nil
 	}
@@ -165,8 +163,8 @@ func openers(n int) []string {
 }
 
 // opensOneOf reports whether link, a /proc/PID/fd entry, is open on a
-// block device node of one of devs.
-func opensOneOf(link string, devs map[uint64]bool) bool {
+// block device node of one of devs (devNumbers).
+func opensOneOf(link string, devs map[string]string) bool {
 	target, err := os.Readlink(link)
 	if err != nil || !strings.HasPrefix(target, "/") {
 		return false
@@ -175,5 +173,6 @@ func opensOneOf(link string, devs map[uint64]bool) bool {
 	if err := unix.Statx(unix.AT_FDCWD, link, unix.AT_STATX_DONT_SYNC, unix.STATX_TYPE, &stx); err != nil {
 		return false
 	}
-	return stx.Mode&unix.S_IFMT == unix.S_IFBLK && devs[unix.Mkdev(stx.Rdev_major, stx.Rdev_minor)]
+	_, ok := devs[fmt.Sprintf("%d:%d", stx.Rdev_major, stx.Rdev_minor)]
+	return stx.Mode&unix.S_IFMT == unix.S_IFBLK && ok
 }
