@@ -116,7 +116,7 @@ func Scan() ([]*Device, error) {
 	var devs []*Device
 	err := eachBound(func(n int, path string) error {
 		var st unix.Stat_t
-		if strings.HasSuffix(path, " (deleted)") || unix.Stat(path, &st) != nil {
+		if strings.HasSuffix(path, DeletedSuffix) || unix.Stat(path, &st) != nil {
 			dev, err := Get(devicePath(n))
 			if errors.Is(err, ErrNotAttached) {
 				return nil

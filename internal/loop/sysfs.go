@@ -26,6 +26,23 @@ func readSysString(path string, buf []byte) (string, bool) {
 	return strings.TrimSuffix(string(buf[:n]), "\n"), true
 }
 
+// DeletedSuffix is what the kernel appends to the path of a bound file
+// that was removed (or renamed over) since it was bound.
+const DeletedSuffix = " (deleted)"
+
+// BackingFile returns the path of the file loop device n is bound to, as
+// the kernel names it in this process's mount namespace (a file opened
+// through another namespace's mounts is named from that namespace's
+// root), with DeletedSuffix if the file was removed since. ErrNotAttached
+// if n is not bound.
+func BackingFile(n int) (string, error) {
+	path, ok := readSysString(fmt.Sprintf("/sys/block/loop%d/loop/backing_file", n), make([]byte, 4096))
+	if !ok {
+		return "", fmt.Errorf("backing file of %s: %w", devicePath(n), ErrNotAttached)
+	}
+	return path, nil
+}
+
 // openDevice opens /dev/loopN. Where /dev is not devtmpfs (some
 // containers) the node may be missing for a device the kernel has; it is
 // made from the numbers sysfs gives. ENXIO from the open means unbound or

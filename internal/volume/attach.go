@@ -32,11 +32,10 @@ func TagUUID(t string) (string, bool) {
 	return uuid, ok && ValidUUID(uuid)
 }
 
-// devices sorts what is bound to v's backing file into v's own devices
-// (proven by v.owner: the file's identity, or the identity recorded at
-// attach when the file is gone or unsafe, and v's tag) and foreign ones,
-// which nothing of ours may touch. bound is loop.Bound of ids.
-func devicesOf(v *Volume, ids []loop.FileID, bound map[loop.FileID][]*loop.Device) (ours, foreign []*loop.Device) {
+// devicesOf sorts what is bound to v's backing file into v's own devices
+// (proven by ownedHere) and foreign ones, which nothing of ours may touch.
+// ids and present are backingIDs(v); bound is loop.Bound of ids.
+func (s *Store) devicesOf(v *Volume, ids []loop.FileID, present loop.FileID, bound map[loop.FileID][]*loop.Device) (ours, foreign []*loop.Device) {
 	seen := map[string]bool{}
 	for _, id := range ids {
 		for _, d := range bound[id] {
@@ -44,7 +43,7 @@ func devicesOf(v *Volume, ids []loop.FileID, bound map[loop.FileID][]*loop.Devic
 				continue
 			}
 			seen[d.Path] = true
-			if v.owner(d.Backing).Check(d) == nil {
+			if s.ownedHere(v, d, present) == nil {
 				ours = append(ours, d)
 			} else {
 				foreign = append(foreign, d)
@@ -54,18 +53,49 @@ func devicesOf(v *Volume, ids []loop.FileID, bound map[loop.FileID][]*loop.Devic
 	return ours, foreign
 }
 
-// backingIDs are the identities v's devices may be bound to: the backing
-// file's now (if it is there and safe) and the one recorded at attach
-// (the file may be gone, or replaced while a device held the old one).
-func (s *Store) backingIDs(v *Volume) []loop.FileID {
-	var ids []loop.FileID
-	if st, err := s.statBacking(v.UUID); err == nil {
-		ids = append(ids, loop.FileID{Dev: st.Dev, Inode: st.Ino})
+// ownedHere returns nil if d is provably v's device in this store, else an
+// error wrapping loop.ErrNotOwned that says why. v.owner proves d by its
+// backing file's identity and v's tag. Where that identity is not the
+// file at <root>/<uuid> now (present, zero when there is none), the file
+// was removed or replaced while d held it, and only the identity
+// recorded at attach names it: then the kernel must also name d's file
+// as this store's <root>/<uuid>. A record copied into another store
+// carries the identity and the tag of this store's live device, and must
+// not make that device the other store's to copy, detach or delete.
+func (s *Store) ownedHere(v *Volume, d *loop.Device, present loop.FileID) error {
+	if err := v.owner(d.Backing).Check(d); err != nil {
+		return err
 	}
-	if rec := v.backingID(); rec != (loop.FileID{}) && (len(ids) == 0 || ids[0] != rec) {
+	if present != (loop.FileID{}) && d.Backing == present {
+		return nil
+	}
+	file, err := loop.BackingFile(d.Number)
+	if err != nil {
+		return fmt.Errorf("%s: %w: %w", d.Path, err, loop.ErrNotOwned)
+	}
+	name := strings.TrimSuffix(file, loop.DeletedSuffix)
+	if name == s.backingPath(v.UUID) {
+		return nil
+	}
+	if root, err := filepath.EvalSymlinks(s.root); err == nil && name == filepath.Join(root, v.UUID) {
+		return nil
+	}
+	return fmt.Errorf("%s holds %s, not this store's %s: %w", d.Path, Quote(file), s.backingPath(v.UUID), loop.ErrNotOwned)
+}
+
+// backingIDs are the identities v's devices may be bound to: the backing
+// file's now (present, if it is there and safe; else zero) and the one
+// recorded at attach (the file may be gone, or replaced while a device
+// held the old one).
+func (s *Store) backingIDs(v *Volume) (ids []loop.FileID, present loop.FileID) {
+	if st, err := s.statBacking(v.UUID); err == nil {
+		present = loop.FileID{Dev: st.Dev, Inode: st.Ino}
+		ids = append(ids, present)
+	}
+	if rec := v.backingID(); rec != (loop.FileID{}) && rec != present {
 		ids = append(ids, rec)
 	}
-	return ids
+	return ids, present
 }
 
 // boundTo is loop.Bound(ids...) for v (ids is backingIDs(v)), without the
@@ -95,12 +125,12 @@ func (s *Store) unboundFile(v *Volume, ids []loop.FileID) bool {
 }
 
 // foreignError refuses an operation on v because of devices someone else
-// bound to its backing file.
-func foreignError(op string, v *Volume, foreign []*loop.Device) error {
+// bound to its backing file; present is backingIDs'.
+func (s *Store) foreignError(op string, v *Volume, present loop.FileID, foreign []*loop.Device) error {
 	var paths, whys []string
 	for _, d := range foreign {
 		paths = append(paths, d.Path)
-		whys = append(whys, v.owner(d.Backing).Check(d).Error())
+		whys = append(whys, s.ownedHere(v, d, present).Error())
 	}
 	return fmt.Errorf("%s %s: %s also hold(s) its backing file and %s not ours (%s); find who uses it with `losetup -l %s` and detach it with `losetup -d` if nobody does: %w",
 		op, v.Name, strings.Join(paths, ", "), plural(len(paths), "is", "are"), strings.Join(whys, "; "), strings.Join(paths, " "), ErrUnsafe)
@@ -128,7 +158,7 @@ func (s *Store) openOwned(v *Volume, op string) (fd int, id loop.FileID, ours []
 	if s.unshared(v, fd) {
 		return fd, id, nil, nil
 	}
-	if ours, err = scanOwned(v, id, op); err != nil {
+	if ours, err = s.scanOwned(v, id, op); err != nil {
 		unix.Close(fd)
 		return -1, id, nil, err
 	}
@@ -138,14 +168,14 @@ func (s *Store) openOwned(v *Volume, op string) (fd int, id loop.FileID, ours []
 // scanOwned finds v's own devices on its backing file (identity id) by a
 // look at every bound device, refusing with ErrUnsafe while a device
 // someone else bound holds the file. op names the operation in errors.
-func scanOwned(v *Volume, id loop.FileID, op string) ([]*loop.Device, error) {
+func (s *Store) scanOwned(v *Volume, id loop.FileID, op string) ([]*loop.Device, error) {
 	bound, err := loop.Bound(id)
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w", op, v.Name, err)
 	}
-	ours, foreign := devicesOf(v, []loop.FileID{id}, bound)
+	ours, foreign := s.devicesOf(v, []loop.FileID{id}, id, bound)
 	if len(foreign) > 0 {
-		return nil, foreignError(op, v, foreign)
+		return nil, s.foreignError(op, v, id, foreign)
 	}
 	return ours, nil
 }
@@ -178,7 +208,7 @@ func (s *Store) attachDevice(v *Volume) (dev *loop.Device, fresh bool, err error
 	case s.unshared(v, fd):
 		// No device holds the file: none to keep, none to refuse.
 	default:
-		if ours, err = scanOwned(v, id, "attach"); err != nil {
+		if ours, err = s.scanOwned(v, id, "attach"); err != nil {
 			return nil, false, err
 		}
 	}
@@ -544,9 +574,9 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 				errs = append(errs, err)
 			}
 		}
-		ours, foreign := devicesOf(v, []loop.FileID{id}, bound)
+		ours, foreign := s.devicesOf(v, []loop.FileID{id}, id, bound)
 		if len(foreign) > 0 {
-			errs = append(errs, foreignError("attach", v, foreign))
+			errs = append(errs, s.foreignError("attach", v, id, foreign))
 			continue
 		}
 		if err := linkTaken(v, id); err != nil {
@@ -659,7 +689,8 @@ func (s *Store) DetachAll(opts DetachOptions) error {
 			continue
 		}
 		read = append(read, v)
-		ids = append(ids, s.backingIDs(v)...)
+		vids, _ := s.backingIDs(v)
+		ids = append(ids, vids...)
 	}
 	bound, err := loop.Bound(ids...)
 	if err != nil {
@@ -679,9 +710,9 @@ func (s *Store) DetachAll(opts DetachOptions) error {
 // device of ours still holds it is orphaned: refused unless opts.Force.
 func (s *Store) detachDevices(v *Volume, bound map[loop.FileID][]*loop.Device, opts DetachOptions) error {
 	s.cleanupTempMount(v)
-	ids := s.backingIDs(v)
+	ids, present := s.backingIDs(v)
 	if bound == nil {
-		done, err := s.detachRecorded(v, ids, opts)
+		done, err := s.detachRecorded(v, ids, present, opts)
 		if done || err != nil {
 			return err
 		}
@@ -689,10 +720,10 @@ func (s *Store) detachDevices(v *Volume, bound map[loop.FileID][]*loop.Device, o
 			return fmt.Errorf("detach %s: %w", v.Name, err)
 		}
 	}
-	ours, foreign := devicesOf(v, ids, bound)
+	ours, foreign := s.devicesOf(v, ids, present, bound)
 	for _, d := range foreign {
 		s.log.Warn("left alone: a loop device someone else bound to the volume's file", "volume", v.Name, "device", d.Path,
-			"why", v.owner(d.Backing).Check(d).Error())
+			"why", s.ownedHere(v, d, present).Error())
 	}
 	if len(ours) > 0 && !opts.Force {
 		if err := s.orphaned(v, ours); err != nil {
@@ -720,8 +751,8 @@ func (s *Store) detachDevices(v *Volume, bound map[loop.FileID][]*loop.Device, o
 // recorded identity), done is false and the caller scans. It keeps
 // detachDevices' rules: an orphaned volume is refused without opts.Force,
 // a busy device is refused, a deferred detach is reported.
-func (s *Store) detachRecorded(v *Volume, ids []loop.FileID, opts DetachOptions) (done bool, err error) {
-	if len(ids) != 1 {
+func (s *Store) detachRecorded(v *Volume, ids []loop.FileID, present loop.FileID, opts DetachOptions) (done bool, err error) {
+	if len(ids) != 1 || ids[0] != present {
 		return false, nil // nothing known, or the file was replaced under a device
 	}
 	var ours []*loop.Device

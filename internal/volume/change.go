@@ -244,14 +244,14 @@ func (s *Store) Change(ref string, ch Change) (*Status, error) {
 				return fmt.Errorf("change %s: %w", v.Name, err)
 			}
 		}
-		ids := s.backingIDs(v)
+		ids, present := s.backingIDs(v)
 		bound, err := s.boundTo(v, ids)
 		if err != nil {
 			return fmt.Errorf("change %s: %w", v.Name, err)
 		}
-		ours, foreign := devicesOf(v, ids, bound)
+		ours, foreign := s.devicesOf(v, ids, present, bound)
 		if len(foreign) > 0 {
-			return foreignError("change", v, foreign)
+			return s.foreignError("change", v, present, foreign)
 		}
 		if err := s.orphaned(v, ours); err != nil {
 			return fmt.Errorf("change %s: %w", v.Name, err)

@@ -36,14 +36,14 @@ func (s *Store) Delete(ctx context.Context, ref string, opts DetachOptions) erro
 func (s *Store) delete(ref string, opts DetachOptions) error {
 	return s.withVolume(ref, func(v *Volume) error {
 		s.cleanupTempMount(v) // left by an expansion that crashed
-		ids := s.backingIDs(v)
+		ids, present := s.backingIDs(v)
 		bound, err := s.boundTo(v, ids)
 		if err != nil {
 			return fmt.Errorf("delete %s: %w", v.Name, err)
 		}
-		ours, foreign := devicesOf(v, ids, bound)
+		ours, foreign := s.devicesOf(v, ids, present, bound)
 		if len(foreign) > 0 {
-			return foreignError("delete", v, foreign)
+			return s.foreignError("delete", v, present, foreign)
 		}
 		if err := busy(ours); err != nil {
 			return fmt.Errorf("delete %s: %w", v.Name, err)
@@ -92,12 +92,12 @@ func (s *Store) delete(ref string, opts DetachOptions) error {
 func (s *Store) InUse(ref string) error {
 	return s.withVolume(ref, func(v *Volume) error {
 		s.cleanupTempMount(v) // ours, left by an expansion that crashed
-		ids := s.backingIDs(v)
+		ids, present := s.backingIDs(v)
 		bound, err := s.boundTo(v, ids)
 		if err != nil {
 			return fmt.Errorf("volume %s: %w", v.Name, err)
 		}
-		ours, _ := devicesOf(v, ids, bound)
+		ours, _ := s.devicesOf(v, ids, present, bound)
 		if err := busy(ours); err != nil {
 			return fmt.Errorf("volume %s: %w", v.Name, err)
 		}

@@ -204,9 +204,9 @@ func (s *Store) usedBeyond(v *Volume, fd int, id loop.FileID) error {
 	if err != nil {
 		return err
 	}
-	ours, foreign := devicesOf(v, []loop.FileID{id}, bound)
+	ours, foreign := s.devicesOf(v, []loop.FileID{id}, id, bound)
 	if len(foreign) > 0 {
-		return foreignError("abandon the expansion of", v, foreign)
+		return s.foreignError("abandon the expansion of", v, id, foreign)
 	}
 	for _, d := range ours {
 		size, err := loop.Size(d.Path)

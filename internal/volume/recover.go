@@ -40,12 +40,12 @@ func (s *Store) Recover(ctx context.Context, ref string, opts RecoverOptions) (*
 		if _, err := s.statBacking(v.UUID); !isNotExist(err) {
 			return fmt.Errorf("recover %s: its backing file is there; only an orphaned volume is recovered: %w", v.Name, ErrInvalid)
 		}
-		ids := s.backingIDs(v)
+		ids, present := s.backingIDs(v)
 		bound, err := loop.Bound(ids...)
 		if err != nil {
 			return fmt.Errorf("recover %s: %w", v.Name, err)
 		}
-		ours, _ := devicesOf(v, ids, bound)
+		ours, _ := s.devicesOf(v, ids, present, bound)
 		if len(ours) == 0 {
 			return fmt.Errorf("recover %s: no device of the volume holds its data any more; restore the file from a backup, or delete the volume: %w", v.Name, ErrInvalid)
 		}

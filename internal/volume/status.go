@@ -61,8 +61,9 @@ func (s *Store) Statuses() ([]*Status, error) {
 	}
 	var ids []loop.FileID
 	idsOf := make([][]loop.FileID, len(vols))
+	presentOf := make([]loop.FileID, len(vols))
 	for i, v := range vols {
-		idsOf[i] = s.backingIDs(v)
+		idsOf[i], presentOf[i] = s.backingIDs(v)
 		ids = append(ids, idsOf[i]...)
 	}
 	bound, err := loop.Bound(ids...)
@@ -79,7 +80,7 @@ func (s *Store) Statuses() ([]*Status, error) {
 		sharing = len(uuids) > 0
 	}
 	for i, v := range vols {
-		st := s.statusFound(v, idsOf[i], bound, mounts)
+		st := s.statusFound(v, idsOf[i], presentOf[i], bound, mounts)
 		if sharing {
 			st.SharedBytes = s.sharedBytes(v.UUID)
 		}
@@ -92,25 +93,25 @@ func (s *Store) Statuses() ([]*Status, error) {
 // costs the same whatever the number of bound devices; otherwise it looks
 // at every bound device (loop.Bound).
 func (s *Store) statusOf(v *Volume) *Status {
-	ids := s.backingIDs(v)
-	if ours, ok := s.ownDevices(v, ids); ok {
-		return s.statusFound(v, ids, map[loop.FileID][]*loop.Device{ids[0]: ours}, nil)
+	ids, present := s.backingIDs(v)
+	if ours, ok := s.ownDevices(v, ids, present); ok {
+		return s.statusFound(v, ids, present, map[loop.FileID][]*loop.Device{present: ours}, nil)
 	}
 	bound, _ := loop.Bound(ids...)
-	return s.statusFound(v, ids, bound, nil)
+	return s.statusFound(v, ids, present, bound, nil)
 }
 
 // ownDevices finds v's devices without a look at every bound device, where
 // that settles it (ok): the device v's link names, proven v's (what attach
 // last published for v), or none at all when v's backing file is open
-// nowhere else (unboundFile). ids is backingIDs(v); a file replaced
-// under a device (two identities) or one that cannot be opened is left to
-// the scan. Devices someone else bound beside v's own are refused when
+// nowhere else (unboundFile). ids and present are backingIDs(v); a file
+// gone, replaced under a device (two identities) or one that cannot be
+// opened is left to the scan. Devices someone else bound beside v's own are refused when
 // v's device is bound and by detach and delete, and reported by
 // Statuses (list, doctor), which scan once for all; they are not looked
 // for here.
-func (s *Store) ownDevices(v *Volume, ids []loop.FileID) (ours []*loop.Device, ok bool) {
-	if len(ids) != 1 {
+func (s *Store) ownDevices(v *Volume, ids []loop.FileID, present loop.FileID) (ours []*loop.Device, ok bool) {
+	if len(ids) != 1 || ids[0] != present {
 		return nil, false
 	}
 	if d := linkedDevice(v.UUID); d != nil && d.Backing == ids[0] && v.owner(d.Backing).Check(d) == nil {
@@ -121,14 +122,14 @@ func (s *Store) ownDevices(v *Volume, ids []loop.FileID) (ours []*loop.Device, o
 
 // statusFound is status for devices found by loop.Bound: v's own, and the
 // foreign ones named as a problem.
-func (s *Store) statusFound(v *Volume, ids []loop.FileID, bound map[loop.FileID][]*loop.Device, mounts loop.MountTable) *Status {
-	ours, foreign := devicesOf(v, ids, bound)
+func (s *Store) statusFound(v *Volume, ids []loop.FileID, present loop.FileID, bound map[loop.FileID][]*loop.Device, mounts loop.MountTable) *Status {
+	ours, foreign := s.devicesOf(v, ids, present, bound)
 	st := s.status(v, ours, mounts)
 	for _, d := range foreign {
 		st.ForeignDevices = append(st.ForeignDevices, d.Path)
 	}
 	if len(foreign) > 0 && st.Problem == "" {
-		st.Problem = foreignError("use", v, foreign).Error()
+		st.Problem = s.foreignError("use", v, present, foreign).Error()
 	}
 	if st.State == StateReady && st.FileMissing && st.Attached {
 		st.State = StateOrphaned

@@ -53,3 +53,44 @@ func TestOrphanedVolume(t *testing.T) {
 		t.Errorf("recovered file is not sparse: %d of %d bytes allocated", alloc, fi.Size())
 	}
 }
+
+// A record copied into a second store (a store moved by hand, a backup
+// restored beside the original) names the identity and the tag of the
+// first store's live device, and its file is missing there. The second
+// store must not take that device for its own: recover (which would copy
+// it, then detach it), detach, status and a forced delete in it leave the
+// first store's device and data alone.
+func TestRecordCopiedToAnotherStore(t *testing.T) {
+	t.Parallel()
+	c := newCase(t)
+	a := c.store("a")
+	b := c.store("b")
+	u := c.create(a, "v")
+	dev := c.attach(a, u)
+	want := deviceDigest(t, dev)
+	record, err := os.ReadFile(filepath.Join(a, u+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(b, u+".json"), record, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.status(b, "v"); st.Device != "" {
+		t.Errorf("the copied record's status names %s, the other store's device", st.Device)
+	}
+	before := c.snapshot()
+	c.expectCode(c.sv(b, "recover", "v"), 1, 2)
+	c.unchanged(before)
+	c.sv(b, "detach", "v")
+	c.unchanged(before)
+	c.sv(b, "delete", "--force", "v")
+	after := c.loops()
+	if before.loops[dev] != after[dev].String() {
+		t.Errorf("%s after a forced delete of the copied record: %s, was %s", dev, after[dev], before.loops[dev])
+	}
+	if st := c.status(a, "v"); st.State != "ready" || st.Device != dev {
+		t.Errorf("the first store's volume after all that: state %q device %q, want ready on %s", st.State, st.Device, dev)
+	} else if got := deviceDigest(t, dev); got != want {
+		t.Errorf("%s's content changed: sha256:%s, was sha256:%s", dev, got[:16], want[:16])
+	}
+}
