@@ -171,8 +171,8 @@ func parseRequest(caps []*csi.VolumeCapability, params map[string]string, cr *cs
 }
 
 // sizeFor picks the volume size for a capacity range: the required bytes
-// (or a default), raised to the filesystem's minimum and rounded up to a
-// whole MiB, which must stay within the limit.
+// (or a default), raised to the filesystem's minimum, as wholeMiBWithin
+// the limit.
 func sizeFor(cr *csi.CapacityRange, fsType string) (int64, error) {
 	if err := checkCapacityRange(cr); err != nil {
 		return 0, err
@@ -185,8 +185,9 @@ func sizeFor(cr *csi.CapacityRange, fsType string) (int64, error) {
 			size = lim
 		}
 	}
-	size = volume.RoundUpMiB(max(size, volume.MinSize(fsType)))
-	if lim > 0 && size > lim {
+	floor := max(req, volume.MinSize(fsType))
+	size, ok := wholeMiBWithin(max(size, floor), floor, lim)
+	if !ok {
 		what := "block volumes"
 		if fsType != "" {
 			what = fsType
@@ -195,6 +196,22 @@ func sizeFor(cr *csi.CapacityRange, fsType string) (int64, error) {
 			"no size fits %d..%d bytes: sizes are whole MiB and at least %s for %s", req, lim, volume.FormatSize(volume.MinSize(fsType)), what)
 	}
 	return size, nil
+}
+
+// wholeMiBWithin is the one rule of sizes against a limit (0: none):
+// want rounded up to a whole MiB, or, where that passes the limit, the
+// largest whole MiB within it if that is still floor or more (a range
+// that gives only a limit asks for no more than the limit). ok is false
+// where no whole-MiB size from floor to the limit exists.
+func wholeMiBWithin(want, floor, limit int64) (size int64, ok bool) {
+	size = volume.RoundUpMiB(want)
+	if limit <= 0 || size <= limit {
+		return size, true
+	}
+	if down := limit / volume.MiB * volume.MiB; down > 0 && down >= floor {
+		return down, true
+	}
+	return 0, false
 }
 
 // checkCapacityRange refuses a capacity range no size can meet by its
@@ -615,11 +632,11 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 
 // expandSize is the rule of both expand RPCs for growing to want bytes
 // within cr (checked by checkCapacityRange): the whole-MiB size the
-// volume becomes, or OutOfRange where it would pass limit_bytes.
+// volume becomes (wholeMiBWithin), or OutOfRange where none fits.
 func expandSize(want int64, cr *csi.CapacityRange) (int64, error) {
-	size := volume.RoundUpMiB(want)
-	if lim := cr.GetLimitBytes(); lim > 0 && size > lim {
-		return 0, status.Errorf(codes.OutOfRange, "no whole-MiB size fits %d..%d bytes", cr.GetRequiredBytes(), lim)
+	size, ok := wholeMiBWithin(want, cr.GetRequiredBytes(), cr.GetLimitBytes())
+	if !ok {
+		return 0, status.Errorf(codes.OutOfRange, "no whole-MiB size fits %d..%d bytes", cr.GetRequiredBytes(), cr.GetLimitBytes())
 	}
 	return size, nil
 }

@@ -46,6 +46,9 @@ func TestSizeFor(t *testing.T) {
 		{"limit below fs minimum", 1, 2 * mib, "ext4", 0, codes.OutOfRange},
 		{"xfs limit below minimum", 0, 100 * mib, "xfs", 0, codes.OutOfRange},
 		{"rounding passes limit", 5*mib + 1, 5*mib + 2, "ext4", 0, codes.OutOfRange},
+		{"limit only, not a whole MiB", 0, 100*mib + 512, "ext4", 100 * mib, codes.OK},
+		{"limit only, not a whole MiB, below minimum", 0, 4*mib - 1, "ext4", 0, codes.OutOfRange},
+		{"limit only, under a MiB", 0, mib - 1, "", 0, codes.OutOfRange},
 		{"required over limit", 10 * mib, 5 * mib, "ext4", 0, codes.InvalidArgument},
 		{"negative", -1, 0, "ext4", 0, codes.InvalidArgument},
 	}

@@ -222,3 +222,22 @@ func TestExpandRefusesSizeBeyondLimit(t *testing.T) {
 		})
 	}
 }
+
+// A capacity range with only a limit that is not a whole MiB asks for no
+// more than the limit: the volume grows to the largest whole MiB within
+// it, where rounding the limit up would pass it.
+func TestControllerExpandToALimitOnly(t *testing.T) {
+	e := newTestEnv(t)
+	ctx := context.Background()
+	const size = 32 << 20
+	c := rwCap(volume.ModeBlock, "")
+	vol := e.createVolume(t, "expand-limit-only", size, c, nil)
+	cr := &csi.CapacityRange{LimitBytes: size + 5<<20 + 512}
+	resp, err := e.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: vol.GetVolumeId(), CapacityRange: cr})
+	if err != nil {
+		t.Fatalf("ControllerExpandVolume to at most %d bytes: %v", cr.LimitBytes, err)
+	}
+	if want := int64(size + 5<<20); resp.GetCapacityBytes() != want || volumeSize(t, e, vol.GetVolumeId()) != want {
+		t.Errorf("expanded to %d bytes (record %d), want %d", resp.GetCapacityBytes(), volumeSize(t, e, vol.GetVolumeId()), want)
+	}
+}
