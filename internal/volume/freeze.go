@@ -445,11 +445,10 @@ func thawFD(fd int) (thawed bool, err error) {
 // holds v's lock) is mounted and someone froze it (FIFREEZE: `fsfreeze
 // --freeze`, a backup hook): growing a frozen filesystem waits in the
 // kernel, unkillable and with v's lock held, until it is thawed. The
-// kernel tells a frozen filesystem by refusing to reconfigure it (EBUSY),
-// asked through a mount point proven on dev (openMountIn); an empty
-// reconfigure changes nothing of one that is not frozen. Where it cannot
-// tell (no mount point proven, no fspick), nothing is refused, and a
-// freeze after the check still holds the grow until the thaw.
+// mount point is one proven on dev (openMountIn), asked by
+// refuseFrozenAt. Where it cannot tell (no mount point proven, no
+// fspick), nothing is refused, and a freeze after the check still holds
+// the grow until the thaw.
 func refuseFrozen(v *Volume, dev *loop.Device) error {
 	if v.Mode != ModeFilesystem {
 		return nil
@@ -467,14 +466,28 @@ func refuseFrozen(v *Volume, dev *loop.Device) error {
 		return nil
 	}
 	defer unix.Close(fd)
+	if err := refuseFrozenAt(fd, at, "growing it would wait until it is thawed"); err != nil {
+		return fmt.Errorf("%s: %w", v.Name, err)
+	}
+	return nil
+}
+
+// refuseFrozenAt returns ErrBusy, naming the mount point at and how to
+// thaw it, where the filesystem of fd (its mount point at, opened and
+// proven by the caller, who keeps fd) is frozen; why says what the
+// caller's operation would do to a frozen filesystem. The kernel tells a
+// frozen filesystem by refusing to reconfigure it (EBUSY); an empty
+// reconfigure changes nothing of one that is not frozen. Where it cannot
+// tell (no fspick), nothing is refused.
+func refuseFrozenAt(fd int, at, why string) error {
 	fc, err := unix.Fspick(fd, "", unix.FSPICK_EMPTY_PATH|unix.FSPICK_CLOEXEC)
 	if err != nil {
 		return nil
 	}
 	defer unix.Close(fc)
 	if err := unix.FsconfigReconfigure(fc); errors.Is(err, unix.EBUSY) {
-		return fmt.Errorf("%s: the filesystem at %s is frozen (someone's `fsfreeze --freeze`, a backup hook), and growing it would wait until it is thawed; "+
-			"retry once they thaw it (`fsfreeze --unfreeze %s`): %w", v.Name, at, at, ErrBusy)
+		return fmt.Errorf("the filesystem at %s is frozen (someone's `fsfreeze --freeze`, a backup hook), and %s; "+
+			"retry once they thaw it (`fsfreeze --unfreeze %s`): %w", at, why, at, ErrBusy)
 	}
 	return nil
 }

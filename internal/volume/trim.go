@@ -59,13 +59,15 @@ func (r *TrimResult) ReclaimedBytes() int64 { return r.AllocatedBefore - r.Alloc
 // blocks, and the loop driver turns each discard into a hole punched in
 // the backing file. A volume that is not mounted is reported with
 // ErrNotMounted (nothing is mounted behind the back of whoever owns it);
-// a block volume with ErrInvalid. A thick volume is re-allocated instead
-// (see TrimResult.Thick).
+// a block volume with ErrInvalid; a filesystem someone froze with ErrBusy
+// (refuseFrozenAt). A thick volume is re-allocated instead (see
+// TrimResult.Thick). ctx is honoured until FITRIM starts, which runs to
+// its end.
 func (s *Store) Trim(ctx context.Context, ref string) (*TrimResult, error) {
 	var res *TrimResult
 	err := s.withVolume(ref, func(v *Volume) error {
 		var err error
-		res, err = s.trim(v)
+		res, err = s.trim(ctx, v)
 		return err
 	})
 	return res, err
@@ -87,7 +89,7 @@ func (s *Store) TrimAll(ctx context.Context) ([]*TrimResult, error) {
 			return out, err
 		}
 		err := s.withVolume(lv.UUID, func(v *Volume) error {
-			res, err := s.trim(v)
+			res, err := s.trim(ctx, v)
 			switch {
 			case err == nil:
 				out = append(out, res)
@@ -105,11 +107,15 @@ func (s *Store) TrimAll(ctx context.Context) ([]*TrimResult, error) {
 }
 
 // trim runs under v's lock. It always returns a result, with Skipped set
-// when the error says why nothing was done.
-func (s *Store) trim(v *Volume) (*TrimResult, error) {
+// when the error says why nothing was done. A ctx done (while the lock
+// was awaited) does nothing.
+func (s *Store) trim(ctx context.Context, v *Volume) (*TrimResult, error) {
 	res := &TrimResult{Name: v.Name, UUID: v.UUID, Thick: v.Preallocate}
 	res.AllocatedBefore = s.allocated(v.UUID)
 	res.AllocatedAfter = res.AllocatedBefore
+	if err := ctx.Err(); err != nil {
+		return res, fmt.Errorf("trim %s: %w", v.Name, err)
+	}
 	if v.State != StateReady {
 		res.Skipped = "not ready (" + string(v.State) + ")"
 		return res, fmt.Errorf("trim %s: state %s: %w", v.Name, v.State, ErrNotReady)
@@ -145,7 +151,7 @@ func (s *Store) trim(v *Volume) (*TrimResult, error) {
 	if err := unix.Stat(st.DataDevice, &dev); err != nil {
 		return res, fmt.Errorf("trim %s: %w", v.Name, err)
 	}
-	trimmed, used, at, err := fstrim(st.MountPoints, dev.Rdev)
+	trimmed, used, at, err := fstrim(ctx, st.MountPoints, dev.Rdev)
 	if at != "" {
 		res.MountPoint = at
 	}
@@ -162,14 +168,19 @@ func (s *Store) trim(v *Volume) (*TrimResult, error) {
 // fstrim runs FITRIM over the whole filesystem mounted at the first of
 // mounts proven to be the filesystem of the block device devnum
 // (openMountIn), and returns the bytes the filesystem discarded, the
-// bytes it uses and where it trimmed.
-func fstrim(mounts []string, devnum uint64) (trimmed uint64, used int64, dir string, err error) {
+// bytes it uses and where it trimmed. A filesystem someone froze is
+// refused with ErrBusy (refuseFrozenAt): its discards would change the
+// device under their freeze. ctx is asked before FITRIM, not during it.
+func fstrim(ctx context.Context, mounts []string, devnum uint64) (trimmed uint64, used int64, dir string, err error) {
 	fd, dir, err := openMountIn(mounts, devnum)
 	if err != nil {
 		return 0, 0, "", fmt.Errorf("fstrim: %w", err)
 	}
 	f := os.NewFile(uintptr(fd), dir)
 	defer f.Close()
+	if err := refuseFrozenAt(fd, dir, "trimming it would change its device under that freeze"); err != nil {
+		return 0, 0, dir, err
+	}
 	// Blocks of files just deleted may not be free yet: XFS frees them in
 	// a background worker (which statfs flushes) and skips extents whose
 	// freeing is not yet on disk (which syncfs forces). Both are cheap.
@@ -179,6 +190,9 @@ func fstrim(mounts []string, devnum uint64) (trimmed uint64, used int64, dir str
 	}
 	if err := unix.Syncfs(int(f.Fd())); err != nil {
 		return 0, 0, dir, fmt.Errorf("fstrim %s: syncfs: %w", dir, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, 0, dir, fmt.Errorf("fstrim %s: %w", dir, err)
 	}
 	r := fstrimRange{Len: math.MaxUint64}
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), fitrim, uintptr(unsafe.Pointer(&r))); errno != 0 {

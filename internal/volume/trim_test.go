@@ -255,6 +255,13 @@ func TestTrimRefusals(t *testing.T) {
 		})
 	}
 
+	// A caller that gave up (while the lock was awaited) trims nothing.
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	if res, err := s.Trim(done, "mounted"); !errors.Is(err, context.Canceled) || res.AllocatedAfter != res.AllocatedBefore {
+		t.Errorf("Trim with a cancelled context = %+v, %v; want context.Canceled and nothing trimmed", res, err)
+	}
+
 	all, err := s.TrimAll(ctx)
 	if err != nil {
 		t.Fatalf("TrimAll: %v (skips are not errors)", err)
@@ -265,6 +272,69 @@ func TestTrimRefusals(t *testing.T) {
 	}
 	if len(got) != 3 || got["mounted"] != "" || got["unmounted"] != "not mounted" || got["block"] == "" {
 		t.Errorf("TrimAll results %v", got)
+	}
+}
+
+// TestTrimFrozenRefused: a trim of a filesystem someone else froze
+// (fsfreeze --freeze, a backup hook) is refused with ErrBusy, saying how
+// to thaw it, at once and with the backing file as it was: FITRIM would
+// punch the free space out of the device under their freeze (or, where
+// a kernel makes it wait for the thaw, hold the volume's lock until
+// then). That freeze stays. TrimAll reports it among its errors. Once
+// thawed, the trim works.
+func TestTrimFrozenRefused(t *testing.T) {
+	for _, tt := range []struct {
+		fsType string
+		size   int64
+	}{
+		{"ext4", 64 << 20},
+		{"xfs", 300 << 20},
+	} {
+		t.Run(tt.fsType, func(t *testing.T) {
+			ctx := context.Background()
+			s := newStore(t, Options{})
+			v := mustCreate(t, s, CreateRequest{Name: "v", SizeBytes: tt.size, FSType: tt.fsType})
+			dir := attachMounted(t, s, v, "")
+			fill(t, dir, "data", 32)
+			removeSynced(t, dir, "data")
+			fd := frozenByOthers(t, dir) // thawed in its cleanup, before the unmount
+			frozen := allocated(t, v.BackingFile)
+
+			trimmed := func(name string, trim func() error) error {
+				t.Helper()
+				done := make(chan error, 1)
+				go func() { done <- trim() }()
+				select {
+				case err := <-done:
+					return err
+				case <-time.After(10 * time.Second):
+					unix.IoctlSetInt(fd, ioctlFITHAW, 0) // lets the blocked trim go on
+					<-done
+					t.Fatalf("%s of a frozen filesystem blocked until it was thawed", name)
+				}
+				return nil
+			}
+			err := trimmed("Trim", func() error { _, err := s.Trim(ctx, "v"); return err })
+			if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "fsfreeze --unfreeze "+dir) {
+				t.Fatalf("Trim of a frozen filesystem = %v, want ErrBusy saying how to thaw it", err)
+			}
+			err = trimmed("TrimAll", func() error { _, err := s.TrimAll(ctx); return err })
+			if !errors.Is(err, ErrBusy) {
+				t.Fatalf("TrimAll with a frozen filesystem = %v, want ErrBusy", err)
+			}
+			if got := allocated(t, v.BackingFile); got != frozen {
+				t.Errorf("the refused trims changed the frozen volume's backing file: %d bytes allocated, %d before", got, frozen)
+			}
+			if err := unix.IoctlSetInt(fd, ioctlFIFREEZE, 0); !errors.Is(err, unix.EBUSY) {
+				t.Fatalf("the other freeze is gone: FIFREEZE = %v, want EBUSY", err)
+			}
+			if err := unix.IoctlSetInt(fd, ioctlFITHAW, 0); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Trim(ctx, "v"); err != nil {
+				t.Fatalf("Trim once thawed: %v", err)
+			}
+		})
 	}
 }
 
