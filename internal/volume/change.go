@@ -308,22 +308,15 @@ func (s *Store) applyLive(v *Volume, ours []*loop.Device) error {
 
 // thicken allocates v's whole backing file in place (thin to thick),
 // refusing with ErrNoSpace, before allocating anything, what the store's
-// filesystem cannot hold. The caller holds v's lock.
+// filesystem cannot hold (reallocate). The caller holds v's lock.
 func (s *Store) thicken(v *Volume) error {
-	sp, err := s.Space()
-	if err != nil {
-		return fmt.Errorf("make %s thick: %w", v.Name, err)
-	}
-	if need := v.SizeBytes - s.allocated(v.UUID); need > sp.FreeBytes {
-		return fmt.Errorf("make %s thick: %w", v.Name, s.inStore(sp.fitsNow(need, "the rest of its blocks")))
-	}
 	fd, _, _, err := s.openOwned(v, "make thick")
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
-	if err := reallocate(fd, v.SizeBytes); err != nil {
-		return fmt.Errorf("make %s thick: %w", v.Name, s.inStore(err))
+	if _, _, err := s.reallocate(v, fd); err != nil {
+		return fmt.Errorf("make %s thick: %w", v.Name, err)
 	}
 	return nil
 }

@@ -129,12 +129,11 @@ func (s *Store) trim(ctx context.Context, v *Volume) (*TrimResult, error) {
 		if err != nil {
 			return res, fmt.Errorf("trim %s: %w", v.Name, err)
 		}
-		err = reallocate(fd, v.SizeBytes)
+		_, res.AllocatedAfter, err = s.reallocate(v, fd)
 		unix.Close(fd)
 		if err != nil {
 			return res, fmt.Errorf("trim %s: %w", v.Name, err)
 		}
-		res.AllocatedAfter = s.allocated(v.UUID)
 		s.log.Info("thick volume re-allocated instead of trimmed", "volume", v.Name,
 			"before", res.AllocatedBefore, "after", res.AllocatedAfter)
 		return res, nil
@@ -205,47 +204,63 @@ func fstrim(ctx context.Context, mounts []string, devnum uint64) (trimmed uint64
 }
 
 // reallocate makes a thick volume's backing file (the open fd, which the
-// caller closes) fully allocated again.
-// fallocate without flags allocates only the holes and never changes
-// data (a hole reads as zeroes, and so does the unwritten extent that
-// replaces it), so it is safe while the volume is attached and mounted.
-// It syncs only when it had holes to fill, so a boot over many intact
-// thick volumes pays one fallocate each and no journal commits.
-func reallocate(fd int, size int64) error {
-	blocks := func() int64 {
-		var st unix.Stat_t
-		if unix.Fstat(fd, &st) != nil {
-			return -1
+// caller closes; v names it) fully allocated again, over the file's own
+// size: the record's may differ (stale, hostile, an expansion cut short),
+// and the file's size is the device's, which re-allocation never changes
+// (FALLOC_FL_KEEP_SIZE). fallocate allocates only the holes and never
+// changes data (a hole reads as zeroes, and so does the unwritten extent
+// that replaces it), so it is safe while the volume is attached and
+// mounted. What is missing must fit in what the store's filesystem has
+// free, which other volumes share (roomFor): otherwise ErrNoSpace, and
+// nothing is allocated. Only a file that had holes filled is synced, so a
+// boot over many intact thick volumes pays one fallocate each and no
+// journal commits. before and after are the
+// bytes the file held.
+func (s *Store) reallocate(v *Volume, fd int) (before, after int64, err error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0, 0, fmt.Errorf("re-allocate: %w", err)
+	}
+	before, after = st.Blocks*512, st.Blocks*512
+	// Blocks count the filesystem's extent tree too: a file whose blocks
+	// cover its size may still have a hole that small, so fallocate runs
+	// whatever they say.
+	if missing := st.Size - before; missing > 0 {
+		if err := s.roomFor(missing, "the holes of "+v.Name+"'s backing file"); err != nil {
+			return before, after, fmt.Errorf("re-allocate: %w", err)
 		}
-		return st.Blocks
 	}
-	before := blocks()
-	if err := unix.Fallocate(fd, 0, 0, size); err != nil {
-		return fmt.Errorf("re-allocate: fallocate: %w", err)
+	if err := unix.Fallocate(fd, unix.FALLOC_FL_KEEP_SIZE, 0, st.Size); err != nil {
+		return before, after, s.inStore(fmt.Errorf("re-allocate: fallocate: %w", err))
 	}
-	if blocks() == before {
-		return nil
+	if err := unix.Fstat(fd, &st); err != nil {
+		return before, after, fmt.Errorf("re-allocate: %w", err)
+	}
+	if after = st.Blocks * 512; after == before {
+		return before, after, nil
 	}
 	if err := unix.Fsync(fd); err != nil {
-		return fmt.Errorf("re-allocate: fsync: %w", err)
+		return before, after, fmt.Errorf("re-allocate: fsync: %w", err)
 	}
-	return nil
+	return before, after, nil
 }
 
 // keepThick re-allocates a thick volume before it is bound, so holes that
 // discards punched while it was last attached (an fstrim timer, a discard
-// mount) cannot survive a reboot. A failure is logged, not fatal: the
+// mount) cannot survive a reboot. The caller holds v's lock; fd is its
+// backing file, which the caller closes. A failure (no room for the holes
+// on the store's filesystem among them) is logged, not fatal: the
 // volume's data is intact either way.
 func (s *Store) keepThick(v *Volume, fd int) {
 	if !v.Preallocate {
 		return
 	}
-	before := s.allocated(v.UUID)
-	if err := reallocate(fd, v.SizeBytes); err != nil {
+	before, after, err := s.reallocate(v, fd)
+	if err != nil {
 		s.log.Warn("thick volume could not be re-allocated", "volume", v.Name, "err", err)
 		return
 	}
-	if after := s.allocated(v.UUID); after != before {
+	if after != before {
 		s.log.Warn("thick volume had lost allocation to discards; re-allocated", "volume", v.Name,
 			"before", before, "after", after)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/sparsevol/sparsevol/internal/loop"
 	"github.com/sparsevol/sparsevol/internal/testutil"
 	"golang.org/x/sys/unix"
 )
@@ -220,6 +221,131 @@ func TestTrimThickStaysAllocated(t *testing.T) {
 				t.Errorf("after re-attach the thick file holds %d of %d bytes", got, v.SizeBytes)
 			}
 		})
+	}
+}
+
+// TestReallocateKeepsFileSize: a thick volume whose record says another
+// size than its backing file (a stale or hostile record, a crash in the
+// middle of an expansion) is re-allocated over the file's own size, by
+// trim and by attach: the file, and so the device, keep their size.
+func TestReallocateKeepsFileSize(t *testing.T) {
+	const size = 16 << 20
+	for _, tt := range []struct {
+		name   string
+		record int64
+		reallo func(t *testing.T, s *Store, v *Volume)
+	}{
+		{"trim, record larger", size + 64<<20, func(t *testing.T, s *Store, v *Volume) {
+			if _, err := s.Trim(context.Background(), v.Name); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"attach, record larger", size + 64<<20, func(t *testing.T, s *Store, v *Volume) {
+			if _, err := s.Attach(context.Background(), v.Name); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"attach, record smaller", size / 2, func(t *testing.T, s *Store, v *Volume) {
+			if _, err := s.Attach(context.Background(), v.Name); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newStore(t, Options{})
+			t.Cleanup(func() { s.DetachAll(DetachOptions{}) })
+			v := mustCreate(t, s, CreateRequest{Name: "thick", SizeBytes: size, Mode: ModeBlock, NoPartition: true, Preallocate: true})
+			punchHole(t, v.BackingFile, 10*MiB, 4*MiB) // beyond the smaller record's size
+			v.SizeBytes = tt.record
+			if err := s.writeMeta(v); err != nil {
+				t.Fatal(err)
+			}
+			tt.reallo(t, s, v)
+			fi, err := os.Stat(v.BackingFile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Size() != size {
+				t.Fatalf("backing file after the re-allocation: %d bytes, want %d", fi.Size(), size)
+			}
+			if got := allocated(t, v.BackingFile); got < size {
+				t.Errorf("backing file holds %d of %d bytes: the hole was not filled", got, size)
+			}
+			if st, err := s.Status(v.Name); err == nil && st.Device != "" {
+				if n, err := loop.Size(st.Device); err != nil || int64(n) != size {
+					t.Errorf("device %s: %d bytes, %v; want %d", st.Device, n, err, size)
+				}
+			}
+		})
+	}
+}
+
+// TestReallocateFillsAHoleTheExtentTreeHides: a file's blocks count the
+// filesystem's extent tree too, so a thick file of many extents with a
+// hole of one block has as many blocks as bytes. The hole is filled all
+// the same.
+func TestReallocateFillsAHoleTheExtentTreeHides(t *testing.T) {
+	const size = 1 << 30 // ext4 keeps 128 MiB per unwritten extent: a tree block
+	s := newStore(t, Options{})
+	t.Cleanup(func() { s.DetachAll(DetachOptions{}) })
+	v := mustCreate(t, s, CreateRequest{Name: "thick", SizeBytes: size, Mode: ModeBlock, NoPartition: true, Preallocate: true})
+	punchHole(t, v.BackingFile, 512*MiB, 4096)
+	holed := allocated(t, v.BackingFile)
+	if holed < size {
+		t.Skipf("the store's filesystem shows the hole in the file's blocks (%d of %d bytes): nothing hidden to test", holed, size)
+	}
+	if _, err := s.Attach(context.Background(), v.Name); err != nil {
+		t.Fatal(err)
+	}
+	// SEEK_HOLE takes unwritten extents for holes: the blocks tell.
+	if got := allocated(t, v.BackingFile); got != holed+4096 {
+		t.Errorf("thick file after attach holds %d bytes, %d with the hole: the hole was not filled", got, holed)
+	}
+}
+
+// TestReallocateNeedsRoom: filling the holes of a thick volume takes
+// space of the store's filesystem, which other volumes share: where it
+// lacks the room, trim refuses with ErrNoSpace and attach goes on
+// without (logging it), and neither takes any of what is free.
+func TestReallocateNeedsRoom(t *testing.T) {
+	ctx := context.Background()
+	var logs bytes.Buffer
+	s := smallStore(t, "ext4", 128<<20, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	t.Cleanup(func() { s.DetachAll(DetachOptions{}) })
+	v := mustCreate(t, s, CreateRequest{Name: "thick", SizeBytes: 48 << 20, Mode: ModeBlock, NoPartition: true, Preallocate: true})
+	punchHole(t, v.BackingFile, 8*MiB, 32*MiB)
+	holey := allocated(t, v.BackingFile)
+	fillStore(t, s, 8*MiB)
+	free := freeBytes(t, s)
+
+	if _, err := s.Trim(ctx, v.Name); !errors.Is(err, ErrNoSpace) {
+		t.Errorf("Trim of a thick volume whose holes the store has no room for = %v, want ErrNoSpace", err)
+	}
+	if got, nowFree := allocated(t, v.BackingFile), freeBytes(t, s); got != holey || nowFree < free-MiB {
+		t.Errorf("after the refused trim the file holds %d bytes (was %d), the store has %d free (was %d)", got, holey, nowFree, free)
+	}
+	if _, err := s.Attach(ctx, v.Name); err != nil {
+		t.Fatalf("Attach of a thick volume whose holes the store has no room for: %v", err)
+	}
+	if got, nowFree := allocated(t, v.BackingFile), freeBytes(t, s); got != holey || nowFree < free-MiB {
+		t.Errorf("after attach the file holds %d bytes (was %d), the store has %d free (was %d)", got, holey, nowFree, free)
+	}
+	if !strings.Contains(logs.String(), "could not be re-allocated") {
+		t.Errorf("attach did not log the re-allocation it skipped; log:\n%s", logs.String())
+	}
+}
+
+// punchHole punches length bytes at off out of the file at path, as
+// discards from inside a volume do.
+func punchHole(t *testing.T, path string, off, length int64) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, length); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -464,4 +590,27 @@ func abs(n int64) int64 {
 		return -n
 	}
 	return n
+}
+
+// BenchmarkKeepThickIntact is what attach (and attach --all at boot)
+// pays per thick volume whose backing file lost nothing to discards.
+func BenchmarkKeepThickIntact(b *testing.B) {
+	testutil.RequireRoot(b)
+	s, err := Open(b.TempDir(), Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	v, err := s.Create(context.Background(), CreateRequest{Name: "thick", SizeBytes: 8 << 20, Mode: ModeBlock, NoPartition: true, Preallocate: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	fd, _, err := s.openBacking(v.UUID, unix.O_RDWR)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { unix.Close(fd) })
+	b.ResetTimer()
+	for range b.N {
+		s.keepThick(v, fd)
+	}
 }
