@@ -23,6 +23,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/sparsevol/sparsevol/internal/unixsock"
+	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
 // DefaultRegistrationDir is where kubelet watches for plugin sockets.
@@ -73,8 +74,11 @@ type Config struct {
 type Status struct {
 	Notified   bool // kubelet called NotifyRegistrationStatus at least once
 	Registered bool
-	Error      string
-	At         time.Time
+	// Error is kubelet's message for a refusal as volume.ClipMessage
+	// shows it: ASCII-escaped and cut, safe to print. The peer on the
+	// socket wrote it.
+	Error string
+	At    time.Time
 }
 
 // Server answers kubelet's registration calls.
@@ -118,11 +122,14 @@ func (s *Server) GetInfo(ctx context.Context, _ *registerapi.InfoRequest) (*regi
 	}, nil
 }
 
-// NotifyRegistrationStatus records and logs kubelet's verdict.
+// NotifyRegistrationStatus records and logs kubelet's verdict; its error
+// message, which whoever reaches the socket chose, only as
+// volume.ClipMessage shows it.
 func (s *Server) NotifyRegistrationStatus(ctx context.Context, st *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
+	msg := volume.ClipMessage(st.GetError())
 	s.mu.Lock()
 	first := !s.status.Notified
-	s.status = Status{Notified: true, Registered: st.GetPluginRegistered(), Error: st.GetError(), At: time.Now()}
+	s.status = Status{Notified: true, Registered: st.GetPluginRegistered(), Error: msg, At: time.Now()}
 	s.mu.Unlock()
 	if first {
 		close(s.notified)
@@ -130,7 +137,7 @@ func (s *Server) NotifyRegistrationStatus(ctx context.Context, st *registerapi.R
 	if st.GetPluginRegistered() {
 		s.log.Info("registered with kubelet", "driver", s.cfg.DriverName)
 	} else {
-		s.log.Error("kubelet refused the registration", "driver", s.cfg.DriverName, "error", st.GetError())
+		s.log.Error("kubelet refused the registration", "driver", s.cfg.DriverName, "error", msg)
 	}
 	return &registerapi.RegistrationStatusResponse{}, nil
 }

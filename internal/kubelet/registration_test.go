@@ -1,11 +1,15 @@
 package kubelet
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +18,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/sparsevol/sparsevol/internal/unixsock"
+	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
 // serve starts a registration server on a real unix socket in a fresh
@@ -101,6 +106,57 @@ func TestGetInfoAndStatus(t *testing.T) {
 	}
 	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
 		t.Errorf("socket still there after stop: %v", err)
+	}
+}
+
+// lockedBuffer is a log sink the server's goroutines may write at once.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestRefusalMessageClipped: the error message of a refusal comes from
+// whoever reaches the socket; it is logged and kept in Status only as
+// volume.ClipMessage shows it: no terminal escapes, no newlines, and a
+// few hundred bytes of however many were sent.
+func TestRefusalMessageClipped(t *testing.T) {
+	var logs lockedBuffer
+	srv, _, client, _, _ := serve(t, Config{DriverName: "sparsevol.example.com", Endpoint: "/var/lib/kubelet/plugins/sparsevol/csi.sock",
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	ctx, c := context.WithTimeout(context.Background(), 10*time.Second)
+	defer c()
+	hostile := "\x1b]0;owned\a\x1b[2J\nlevel=INFO msg=forged\n" + strings.Repeat("x", 32<<10)
+	if _, err := client.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{Error: hostile}); err != nil {
+		t.Fatalf("NotifyRegistrationStatus: %v", err)
+	}
+	printable := func(s string) bool {
+		for i := 0; i < len(s); i++ {
+			if s[i] < 0x20 || s[i] >= 0x7f {
+				return false
+			}
+		}
+		return true
+	}
+	st := srv.Status()
+	if st.Error != volume.ClipMessage(hostile) || len(st.Error) > 600 || !printable(st.Error) {
+		t.Errorf("status error = %.100q (%d bytes); want volume.ClipMessage of it", st.Error, len(st.Error))
+	}
+	// The serving line comes first; the refusal is all that follows it.
+	_, line, _ := strings.Cut(strings.TrimSuffix(logs.String(), "\n"), "\n")
+	if strings.Contains(line, "\n") || !printable(line) || len(line) > 1024 || !strings.Contains(line, "kubelet refused the registration") {
+		t.Errorf("log of the refusal = %.200q (%d bytes); want one printable line of a few hundred bytes", line, len(line))
 	}
 }
 

@@ -366,7 +366,7 @@ func ValidateName(name string) error {
 // shortened to its first bytes, so that a hostile value is never echoed
 // whole. It is the one way a refused value is shown.
 func Quote(s string) string {
-	q, cut := quoteCut(s)
+	q, cut := quoteCut(s, valueMax)
 	if cut {
 		return q + "..."
 	}
@@ -377,8 +377,24 @@ func Quote(s string) string {
 // its own quotes where a value needs them: the same escapes and the same
 // cut, without the enclosing quotes. It is the one way a value from a
 // client is logged.
-func Clip(s string) string {
-	q, cut := quoteCut(s)
+func Clip(s string) string { return clipAt(s, valueMax) }
+
+// ClipMessage is Clip for a message a peer wrote (kubelet's error for a
+// refused registration): the same escapes, but cut at messageMax bytes,
+// enough for a message of a few lines, never megabytes. It is the one way
+// a peer's message is logged or kept.
+func ClipMessage(s string) string { return clipAt(s, messageMax) }
+
+// valueMax and messageMax are the bytes of a value (Quote, Clip) and of a
+// peer's message (ClipMessage) that are shown.
+const (
+	valueMax   = 64
+	messageMax = 512
+)
+
+// clipAt is Clip with the cut at max bytes.
+func clipAt(s string, max int) string {
+	q, cut := quoteCut(s, max)
 	q = q[1 : len(q)-1]
 	if cut {
 		return q + "..."
@@ -387,10 +403,9 @@ func Clip(s string) string {
 }
 
 // quoteCut is the rule of Quote and Clip: s Go-quoted with every
-// non-ASCII character escaped, cut to its first 64 bytes (cut reports
+// non-ASCII character escaped, cut to its first max bytes (cut reports
 // whether it was).
-func quoteCut(s string) (q string, cut bool) {
-	const max = 64
+func quoteCut(s string, max int) (q string, cut bool) {
 	if len(s) <= max {
 		return strconv.QuoteToASCII(s), false
 	}

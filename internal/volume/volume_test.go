@@ -157,19 +157,22 @@ func TestValidateNameLengthMessage(t *testing.T) {
 }
 
 // TestQuoteAndClip: a value is shown ASCII-escaped and cut to its first
-// 64 bytes, quoted by Quote and bare by Clip (a log handler quotes it).
+// 64 bytes, quoted by Quote and bare by Clip (a log handler quotes it); a
+// peer's message the same by ClipMessage, cut at 512 bytes.
 func TestQuoteAndClip(t *testing.T) {
 	long := strings.Repeat("a", 1<<20)
 	tests := []struct {
-		in, quote, clip string
+		in, quote, clip, message string
 	}{
-		{"pvc-1", `"pvc-1"`, "pvc-1"},
-		{"", `""`, ""},
-		{"a\nb\u202e", `"a\nb\u202e"`, `a\nb\u202e`},
-		{strings.Repeat("a", 64), `"` + strings.Repeat("a", 64) + `"`, strings.Repeat("a", 64)},
-		{long, `"` + long[:64] + `"...`, long[:64] + "..."},
+		{"pvc-1", `"pvc-1"`, "pvc-1", "pvc-1"},
+		{"", `""`, "", ""},
+		{"a\nb\u202e", `"a\nb\u202e"`, `a\nb\u202e`, `a\nb\u202e`},
+		{strings.Repeat("a", 64), `"` + strings.Repeat("a", 64) + `"`, strings.Repeat("a", 64), strings.Repeat("a", 64)},
+		{strings.Repeat("a", 512), `"` + long[:64] + `"...`, long[:64] + "...", long[:512]},
+		{long, `"` + long[:64] + `"...`, long[:64] + "...", long[:512] + "..."},
 		// A character the cut splits is left out whole.
-		{strings.Repeat("a", 63) + "\u00e9", `"` + strings.Repeat("a", 63) + `"...`, strings.Repeat("a", 63) + "..."},
+		{strings.Repeat("a", 63) + "\u00e9", `"` + strings.Repeat("a", 63) + `"...`, strings.Repeat("a", 63) + "...", `` + strings.Repeat("a", 63) + `\u00e9`},
+		{"\x1b]0;owned\a" + long, `"\x1b]0;owned\a` + long[:54] + `"...`, `\x1b]0;owned\a` + long[:54] + "...", `\x1b]0;owned\a` + long[:502] + "..."},
 	}
 	for _, tc := range tests {
 		if got := Quote(tc.in); got != tc.quote {
@@ -177,6 +180,9 @@ func TestQuoteAndClip(t *testing.T) {
 		}
 		if got := Clip(tc.in); got != tc.clip {
 			t.Errorf("Clip(%.80q) = %q, want %q", tc.in, got, tc.clip)
+		}
+		if got := ClipMessage(tc.in); got != tc.message {
+			t.Errorf("ClipMessage(%.80q) = %.80q, want %.80q", tc.in, got, tc.message)
 		}
 	}
 }
