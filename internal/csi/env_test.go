@@ -43,6 +43,7 @@ type testEnv struct {
 
 	mu      sync.Mutex
 	created map[string]bool // volume ids this env's plugin handed out
+	reached int             // calls that reached the driver
 }
 
 const testNodeID = "node-under-test"
@@ -123,7 +124,7 @@ func newTestEnv(t testing.TB, opts ...envOptions) *testEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(e.record, drv.intercept))
+	srv := grpc.NewServer(append(serverOptions(), grpc.ChainUnaryInterceptor(e.record, drv.intercept))...)
 	csi.RegisterIdentityServer(srv, drv)
 	csi.RegisterControllerServer(srv, drv)
 	csi.RegisterNodeServer(srv, drv)
@@ -144,15 +145,24 @@ func newTestEnv(t testing.TB, opts ...envOptions) *testEnv {
 	return e
 }
 
-// record notes every volume id CreateVolume returns, for the leak check.
+// record counts the calls that reach the driver and notes every volume
+// id CreateVolume returns, for the leak check.
 func (e *testEnv) record(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	resp, err := h(ctx, req)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.reached++
 	if r, ok := resp.(*csi.CreateVolumeResponse); ok && err == nil {
-		e.mu.Lock()
 		e.created[r.GetVolume().GetVolumeId()] = true
-		e.mu.Unlock()
 	}
 	return resp, err
+}
+
+// calls is how many calls reached the driver (record saw them).
+func (e *testEnv) calls() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.reached
 }
 
 // leakedDevices lists loop devices still bound to volumes of this env.

@@ -53,10 +53,29 @@ func Listen(path string, gid int) (net.Listener, error) {
 	return unixsock.Listen(path, gid)
 }
 
-// NewGRPCServer returns a gRPC server with the driver's four services
-// and the logging and metrics interceptor.
+// Bounds of what one client of the CSI socket may ask of the server
+// (docs/design.md, "Bounds of the gRPC servers"): the bytes of a request
+// message and of its headers, and the calls one connection has running
+// at once (a client's further calls wait for one to end).
+const (
+	maxRequestBytes = 4 << 20
+	maxHeaderBytes  = 64 << 10
+	maxStreams      = 128
+)
+
+// serverOptions are the bounds every CSI gRPC server is made with.
+func serverOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(maxRequestBytes),
+		grpc.MaxHeaderListSize(maxHeaderBytes),
+		grpc.MaxConcurrentStreams(maxStreams),
+	}
+}
+
+// NewGRPCServer returns a gRPC server with the driver's four services,
+// the logging and metrics interceptor and the bounds of serverOptions.
 func (d *Driver) NewGRPCServer() *grpc.Server {
-	srv := grpc.NewServer(grpc.UnaryInterceptor(d.intercept))
+	srv := grpc.NewServer(append(serverOptions(), grpc.UnaryInterceptor(d.intercept))...)
 	csi.RegisterIdentityServer(srv, d)
 	csi.RegisterControllerServer(srv, d)
 	csi.RegisterNodeServer(srv, d)

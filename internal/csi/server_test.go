@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
@@ -150,5 +154,71 @@ func TestListenMetrics(t *testing.T) {
 		if !tc.ok && (!errors.Is(err, volume.ErrInvalid) || !strings.Contains(err.Error(), "metrics address")) {
 			t.Errorf("ListenMetrics(%q): %v, want ErrInvalid naming the metrics address", tc.addr, err)
 		}
+	}
+}
+
+// TestServerBounds: the CSI socket refuses a request message beyond
+// maxRequestBytes with ResourceExhausted and headers beyond
+// maxHeaderBytes, before the driver sees either, while the largest
+// requests the sidecars send (a group snapshot of many volumes, a
+// CreateVolume whose topology names every node of a large cluster) and
+// the headers they send reach it.
+func TestServerBounds(t *testing.T) {
+	e := newTestEnv(t)
+	ctx := context.Background()
+	fs := rwCap(volume.ModeFilesystem, "ext4")
+	const tooLarge = "grpc: received message larger than max"
+	manyNodes := make([]*csi.Topology, 10000)
+	for i := range manyNodes {
+		manyNodes[i] = &csi.Topology{Segments: map[string]string{TopologyKey: fmt.Sprintf("node-%05d.pool-a.region-1.example.com", i)}}
+	}
+	manyIDs := make([]string, 20000)
+	for i := range manyIDs {
+		manyIDs[i] = fmt.Sprintf("00000000-0000-4000-8000-%012d", i)
+	}
+	tests := []struct {
+		name    string
+		call    func() error
+		refused bool
+	}{
+		{"request beyond the bound", func() error {
+			_, err := e.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: strings.Repeat("x", maxRequestBytes), VolumeCapabilities: []*csi.VolumeCapability{fs}})
+			return err
+		}, true},
+		{"headers beyond the bound", func() error {
+			hctx := metadata.AppendToOutgoingContext(ctx, "x-pad", strings.Repeat("x", maxHeaderBytes))
+			_, err := e.ident.Probe(hctx, &csi.ProbeRequest{})
+			return err
+		}, true},
+		{"topology of 10000 nodes, twice", func() error {
+			_, err := e.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pvc-big-topology", VolumeCapabilities: []*csi.VolumeCapability{fs},
+				CapacityRange:             &csi.CapacityRange{RequiredBytes: 16 << 20},
+				AccessibilityRequirements: &csi.TopologyRequirement{Requisite: manyNodes, Preferred: manyNodes}})
+			return err
+		}, false},
+		{"group snapshot of 20000 volumes", func() error {
+			_, err := e.group.CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "group", SourceVolumeIds: manyIDs})
+			return err
+		}, false},
+		{"headers of a sidecar", func() error {
+			hctx := metadata.AppendToOutgoingContext(ctx, "x-pad", strings.Repeat("x", 4<<10))
+			_, err := e.ident.Probe(hctx, &csi.ProbeRequest{})
+			return err
+		}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := e.calls()
+			err := tc.call()
+			reached := e.calls() > before
+			switch {
+			case tc.refused && (err == nil || reached):
+				t.Errorf("reached the driver: %v; want it refused by the server", err)
+			case tc.refused && strings.Contains(tc.name, "request") && (status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), tooLarge)):
+				t.Errorf("err = %.200v; want ResourceExhausted, %q", err, tooLarge)
+			case !tc.refused && !reached:
+				t.Errorf("never reached the driver: %.200v", err)
+			}
+		})
 	}
 }

@@ -167,10 +167,24 @@ func Listen(path string, gid int) (net.Listener, error) {
 	return l, nil
 }
 
+// Bounds of what a client of the registration socket may ask of the
+// server (docs/design.md, "Bounds of the gRPC servers"): kubelet's
+// messages are an empty request and a status with a message of a few
+// lines, and its calls come one at a time.
+const (
+	maxRequestBytes = 64 << 10
+	maxHeaderBytes  = 64 << 10
+	maxStreams      = 8
+)
+
 // Serve answers on l until ctx ends, then stops and removes the socket, so
 // kubelet unregisters the plugin.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(
+		grpc.MaxRecvMsgSize(maxRequestBytes),
+		grpc.MaxHeaderListSize(maxHeaderBytes),
+		grpc.MaxConcurrentStreams(maxStreams),
+	)
 	registerapi.RegisterRegistrationServer(srv, s)
 	path := l.Addr().String()
 	s.log.Info("serving kubelet plugin registration", "socket", path, "driver", s.cfg.DriverName, "endpoint", s.cfg.Endpoint)

@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/sparsevol/sparsevol/internal/unixsock"
@@ -157,6 +159,25 @@ func TestRefusalMessageClipped(t *testing.T) {
 	_, line, _ := strings.Cut(strings.TrimSuffix(logs.String(), "\n"), "\n")
 	if strings.Contains(line, "\n") || !printable(line) || len(line) > 1024 || !strings.Contains(line, "kubelet refused the registration") {
 		t.Errorf("log of the refusal = %.200q (%d bytes); want one printable line of a few hundred bytes", line, len(line))
+	}
+}
+
+// TestServerBounds: a status message beyond maxRequestBytes is refused
+// with ResourceExhausted and never recorded; kubelet's own fits.
+func TestServerBounds(t *testing.T) {
+	srv, _, client, _, _ := serve(t, Config{DriverName: "sparsevol.example.com", Endpoint: "/var/lib/kubelet/plugins/sparsevol/csi.sock"})
+	ctx, c := context.WithTimeout(context.Background(), 10*time.Second)
+	defer c()
+	_, err := client.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{Error: strings.Repeat("x", maxRequestBytes)})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("status of %d bytes: %v; want ResourceExhausted", maxRequestBytes, err)
+	}
+	if st := srv.Status(); st.Notified {
+		t.Errorf("a refused status was recorded: %+v", st)
+	}
+	msg := "RegisterPlugin error -- plugin registration failed with err: " + strings.Repeat("x", 4<<10)
+	if _, err := client.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{Error: msg}); err != nil {
+		t.Errorf("status of %d bytes: %v", len(msg), err)
 	}
 }
 
