@@ -26,7 +26,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sparsevol/sparsevol/internal/iolimit"
-	"github.com/sparsevol/sparsevol/internal/loop"
 	"github.com/sparsevol/sparsevol/internal/systemd"
 	"github.com/sparsevol/sparsevol/internal/udev"
 	"github.com/sparsevol/sparsevol/internal/volume"
@@ -123,7 +122,7 @@ func (g *globals) attachedDir() string {
 // udevIdentityDir is where attach leaves volumes' identities for udev's
 // rule: where udev runs, or where --run-dir asks.
 func (g *globals) udevIdentityDir() string {
-	if g.runDir == "" && !loop.UdevRunning() {
+	if g.runDir == "" && !udev.Host.Running() {
 		return ""
 	}
 	return g.units().UdevIdentityDir()

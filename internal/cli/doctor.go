@@ -13,6 +13,7 @@ import (
 
 	"github.com/sparsevol/sparsevol/internal/loop"
 	"github.com/sparsevol/sparsevol/internal/systemd"
+	"github.com/sparsevol/sparsevol/internal/udev"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
@@ -172,7 +173,7 @@ func (g *globals) diagnose() []finding {
 	}
 
 	// Udev and systemd.
-	if !loop.UdevRunning() {
+	if !udev.Host.Running() {
 		add("WARN", "udev", "udevd is not running: /dev/disk/by-uuid and by-partuuid links will not appear",
 			"use /dev/sparsevol/<uuid> links, or run on a host with udev")
 	} else {

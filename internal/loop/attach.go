@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/sparsevol/sparsevol/internal/parallel"
-	"github.com/sparsevol/sparsevol/internal/udev"
 	"golang.org/x/sys/unix"
 )
 
@@ -43,7 +42,8 @@ type AttachOptions struct {
 	Partscan bool
 	// QuietUdev binds through a private device node (see openUnwatched),
 	// so that udev probes the bound device once, not twice. Callers set
-	// it where udevd runs (UdevRunning).
+	// it where udevd runs (volume: Options.Udev, where this process sees
+	// the node's udev).
 	QuietUdev bool
 	// Prefer, if set, is a device (/dev/loopN) Attach tries before it
 	// asks the kernel for a free one: LOOP_CTL_GET_FREE walks every
@@ -245,10 +245,6 @@ func openUnwatched(n int, flags int) (int, error) {
 
 // privateNodePrefix names openUnwatched's short-lived nodes.
 const privateNodePrefix = "/dev/.sparsevol-bind-loop"
-
-// UdevRunning reports whether udevd runs: it then makes the /dev/disk
-// links and watches /dev/loopN.
-func UdevRunning() bool { return udev.Host.Running() }
 
 func flock(fd, how int) error {
 	for {

@@ -298,7 +298,7 @@ func (s *Store) attachOptions(v *Volume) loop.AttachOptions {
 		DirectIO:  v.DirectIO,
 		BlockSize: v.BlockSize,
 		Partscan:  v.Partitioned,
-		QuietUdev: loop.UdevRunning(),
+		QuietUdev: s.udevRuns(),
 	}
 }
 
@@ -309,7 +309,7 @@ func (s *Store) finishAttach(ctx context.Context, v *Volume, dev *loop.Device) e
 	if err := s.publish(v, dev); err != nil {
 		return err
 	}
-	return s.awaitAndMark(ctx, v, dev, loop.UdevRunning())
+	return s.awaitAndMark(ctx, v, dev, s.udevRuns())
 }
 
 // publish points the volume's /dev/sparsevol link at its data device.
@@ -629,7 +629,7 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 	// Wait for udev once for all, not volume by volume, with one deadline.
 	ctx, cancel := context.WithTimeout(ctx, s.opts.UdevTimeout)
 	defer cancel()
-	udev := loop.UdevRunning()
+	udev := s.udevRuns()
 	for i, v := range vols {
 		if volErrs[i] == nil {
 			volErrs[i] = s.awaitAndMark(ctx, v, attached[v], udev)

@@ -432,7 +432,7 @@ func (s *Store) attachFormatted(ctx context.Context, v *Volume, req CreateReques
 	if err := s.CheckFilesystem(ctx, v, dev.Path); err != nil {
 		return nil, fmt.Errorf("format %s: mkfs did not make the volume's own filesystem: %w", v.Name, err)
 	}
-	if loop.UdevRunning() {
+	if s.udevRuns() {
 		// Have udev probe the new filesystem or partition table now; the
 		// stable link is waited for below (and by the unit).
 		if err := loop.NotifyChange(dev.Path); err != nil {

@@ -56,8 +56,11 @@ type Options struct {
 	// (udev.Host on the node). Where udev runs there, attach proves that
 	// udev's record of a raw volume's binding was made from the identity
 	// in UdevIdentityDir, not by probing content the volume's user wrote
-	// (udevid.go). It is looked at where it is used (udev.Dir.Running),
-	// so a udevd that starts or restarts after Open is found.
+	// (udevid.go). It is looked at where it is used (udevRuns), so a
+	// udevd that starts or restarts after Open is found, and it is the
+	// only place the store looks for udev: whether attach binds quietly
+	// and waits for udev's stable link, and whether create asks udev to
+	// probe, are decided here too, never at udev.Host.
 	Udev udev.Dir
 	// UdevRuleName and UdevRule, if set, are a rule the store installs in
 	// Udev's runtime rules directory (udev.Dir.InstallRule) at Open where

@@ -198,9 +198,10 @@ func TestUdevRuleWhenUdevStarts(t *testing.T) {
 	dir := udev.Dir(t.TempDir())
 	control := filepath.Join(string(dir), "control")
 	rule := filepath.Join(string(dir), "rules.d", "59-test.rules")
-	s := newStore(t, Options{Udev: dir, UdevIdentityDir: filepath.Join(t.TempDir(), "identity"),
-		UdevRuleName: "59-test.rules", UdevRule: []byte("RULE\n")})
-	mustCreate(t, s, CreateRequest{Name: "fs", SizeBytes: 16 << 20})
+	// A raw volume without identity files: its attach waits for no link
+	// and no record of udev's, which plays no part here.
+	s := newStore(t, Options{Udev: dir, UdevRuleName: "59-test.rules", UdevRule: []byte("RULE\n")})
+	mustCreate(t, s, CreateRequest{Name: "fs", SizeBytes: 16 << 20, Mode: ModeBlock, NoPartition: true})
 	t.Cleanup(func() { s.Delete(ctx, "fs", DetachOptions{}) })
 	steps := []struct {
 		name    string
@@ -235,6 +236,45 @@ func TestUdevRuleWhenUdevStarts(t *testing.T) {
 		case !step.running && !os.IsNotExist(err):
 			t.Errorf("%s: a rule where udev does not run: %q, %v", step.name, got, err)
 		}
+	}
+}
+
+// The store looks for udev in Options.Udev, the node's runtime directory
+// where this process sees it, never at udev.Host: the plugin's container
+// mounts the node's elsewhere, and its own /run/udev is empty. Where udev
+// runs in Options.Udev, attach waits for udev's stable link of a
+// filesystem volume (here none comes: the test's udev is a control file);
+// where it does not, attach waits for nothing.
+func TestUdevLookedForInOptions(t *testing.T) {
+	if udev.Host.Running() {
+		t.Skip("udev runs on this host: " + string(udev.Host) + " has its control socket")
+	}
+	ctx := context.Background()
+	for _, tt := range []struct {
+		name    string
+		running bool
+	}{
+		{"udev runs in Options.Udev", true},
+		{"udev does not run", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := udev.Dir(t.TempDir())
+			if tt.running {
+				if err := os.WriteFile(filepath.Join(string(dir), "control"), nil, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s := newStore(t, Options{Udev: dir, UdevTimeout: 300 * time.Millisecond})
+			v := mustCreate(t, s, CreateRequest{Name: "fs", SizeBytes: 16 << 20})
+			t.Cleanup(func() { s.Delete(ctx, "fs", DetachOptions{}) })
+			_, err := s.Attach(ctx, "fs")
+			switch {
+			case tt.running && (!errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), v.StablePath())):
+				t.Errorf("Attach where udev runs = %v; want it to wait for %s until the deadline", err, v.StablePath())
+			case !tt.running && err != nil:
+				t.Errorf("Attach where udev does not run = %v", err)
+			}
+		})
 	}
 }
 
