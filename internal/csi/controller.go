@@ -509,12 +509,9 @@ func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.Valida
 // listed, and those whose record a newer sparsevol wrote: they exist,
 // and every call on one says why it is refused (lookup).
 func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
-	if req.GetMaxEntries() < 0 {
-		return nil, status.Errorf(codes.InvalidArgument, "max_entries %d is negative", req.GetMaxEntries())
-	}
-	token := req.GetStartingToken()
-	if token != "" && !volume.ValidUUID(token) {
-		return nil, status.Errorf(codes.Aborted, "starting_token %s was not issued by this driver", volume.Quote(token))
+	pg, err := parsePage(req.GetMaxEntries(), req.GetStartingToken())
+	if err != nil {
+		return nil, err
 	}
 	vols, err := d.store.List()
 	if err != nil {
@@ -522,20 +519,56 @@ func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (
 	}
 	var ours []*volume.Volume
 	for _, v := range vols {
-		if managed(v) && (v.State == volume.StateReady || v.State == volume.StateNewer) && v.UUID > token {
+		if managed(v) && (v.State == volume.StateReady || v.State == volume.StateNewer) && v.UUID > pg.token {
 			ours = append(ours, v)
 		}
 	}
-	sort.Slice(ours, func(i, j int) bool { return ours[i].UUID < ours[j].UUID })
 	resp := &csi.ListVolumesResponse{}
-	if n := int(req.GetMaxEntries()); n > 0 && len(ours) > n {
-		ours = ours[:n]
-		resp.NextToken = ours[n-1].UUID
-	}
+	ours, resp.NextToken = pageOf(pg, ours, func(v *volume.Volume) string { return v.UUID })
 	for _, v := range ours {
 		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{Volume: d.csiVolume(v)})
 	}
 	return resp, nil
+}
+
+// listPage is what a list call (ListVolumes, ListSnapshots) asked for:
+// entries after token, a UUID the previous page ended with (or ""), at
+// most max of them.
+type listPage struct {
+	max   int
+	token string
+}
+
+// defaultListPage is how many entries a list call that gives no
+// max_entries gets per page (the spec leaves it to the driver): a page
+// of every volume or snapshot of a store could pass what a client
+// accepts in one message (gRPC's 4 MiB by default).
+var defaultListPage = 1000
+
+// parsePage checks a list call's max_entries and starting_token.
+func parsePage(maxEntries int32, token string) (listPage, error) {
+	if maxEntries < 0 {
+		return listPage{}, status.Errorf(codes.InvalidArgument, "max_entries %d is negative", maxEntries)
+	}
+	if token != "" && !volume.ValidUUID(token) {
+		return listPage{}, status.Errorf(codes.Aborted, "starting_token %s was not issued by this driver", volume.Quote(token))
+	}
+	pg := listPage{max: int(maxEntries), token: token}
+	if pg.max == 0 {
+		pg.max = defaultListPage
+	}
+	return pg, nil
+}
+
+// pageOf sorts items (those after pg.token) by uuid and cuts them to one
+// page; next is the token of the page after it, "" at the end.
+func pageOf[T any](pg listPage, items []T, uuid func(T) string) (page []T, next string) {
+	sort.Slice(items, func(i, j int) bool { return uuid(items[i]) < uuid(items[j]) })
+	if len(items) > pg.max {
+		items = items[:pg.max]
+		next = uuid(items[pg.max-1])
+	}
+	return items, next
 }
 
 // GetCapacity reports what the store can still promise under its

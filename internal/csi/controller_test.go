@@ -382,30 +382,39 @@ func TestControllerRules(t *testing.T) {
 		for i := range 5 {
 			want[e.createVolume(t, fmt.Sprintf("list-%d", i), 4*mib, mountRW, nil).GetVolumeId()] = true
 		}
-		seen := map[string]int{}
-		token := ""
-		for pages := 0; ; pages++ {
-			resp, err := e.ctrl.ListVolumes(ctx, &csi.ListVolumesRequest{MaxEntries: 2, StartingToken: token})
-			if err != nil {
-				t.Fatal(err)
+		// No max_entries: pages of defaultListPage, not every volume at once.
+		defer func(n int) { defaultListPage = n }(defaultListPage)
+		defaultListPage = 3
+		for _, max := range []int32{2, 0} {
+			page := int(max)
+			if max == 0 {
+				page = defaultListPage
 			}
-			if len(resp.GetEntries()) > 2 {
-				t.Fatalf("page of %d entries, max 2", len(resp.GetEntries()))
+			seen := map[string]int{}
+			token := ""
+			for pages := 0; ; pages++ {
+				resp, err := e.ctrl.ListVolumes(ctx, &csi.ListVolumesRequest{MaxEntries: max, StartingToken: token})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(resp.GetEntries()) > page {
+					t.Fatalf("max_entries %d: page of %d entries, want %d at most", max, len(resp.GetEntries()), page)
+				}
+				for _, en := range resp.GetEntries() {
+					seen[en.GetVolume().GetVolumeId()]++
+				}
+				if token = resp.GetNextToken(); token == "" || pages > 10 {
+					break
+				}
 			}
-			for _, en := range resp.GetEntries() {
-				seen[en.GetVolume().GetVolumeId()]++
+			for id := range want {
+				if seen[id] != 1 {
+					t.Errorf("max_entries %d: volume %s listed %d times", max, id, seen[id])
+				}
 			}
-			if token = resp.GetNextToken(); token == "" || pages > 10 {
-				break
+			if seen[nodeVol.UUID] != 0 {
+				t.Error("ListVolumes lists a node-mode volume")
 			}
-		}
-		for id := range want {
-			if seen[id] != 1 {
-				t.Errorf("volume %s listed %d times", id, seen[id])
-			}
-		}
-		if seen[nodeVol.UUID] != 0 {
-			t.Error("ListVolumes lists a node-mode volume")
 		}
 		for id := range want {
 			if _, err := e.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {

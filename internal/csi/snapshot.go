@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -177,12 +176,9 @@ func (d *Driver) GetSnapshot(ctx context.Context, req *csi.GetSnapshotRequest) (
 // of the previous page, as in ListVolumes. A filter naming nothing that
 // exists gives an empty list, not an error.
 func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
-	if req.GetMaxEntries() < 0 {
-		return nil, status.Errorf(codes.InvalidArgument, "max_entries %d is negative", req.GetMaxEntries())
-	}
-	token := req.GetStartingToken()
-	if token != "" && !volume.ValidUUID(token) {
-		return nil, status.Errorf(codes.Aborted, "starting_token %s was not issued by this driver", volume.Quote(token))
+	pg, err := parsePage(req.GetMaxEntries(), req.GetStartingToken())
+	if err != nil {
+		return nil, err
 	}
 	byID, bySource := req.GetSnapshotId(), req.GetSourceVolumeId()
 	resp := &csi.ListSnapshotsResponse{}
@@ -195,16 +191,12 @@ func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsReques
 	}
 	var ours []*volume.Snapshot
 	for _, s := range all {
-		if managedSnapshot(s) && s.UUID > token &&
+		if managedSnapshot(s) && s.UUID > pg.token &&
 			(byID == "" || s.UUID == byID) && (bySource == "" || s.SourceUUID == bySource) {
 			ours = append(ours, s)
 		}
 	}
-	sort.Slice(ours, func(i, j int) bool { return ours[i].UUID < ours[j].UUID })
-	if n := int(req.GetMaxEntries()); n > 0 && len(ours) > n {
-		ours = ours[:n]
-		resp.NextToken = ours[n-1].UUID
-	}
+	ours, resp.NextToken = pageOf(pg, ours, func(s *volume.Snapshot) string { return s.UUID })
 	for _, s := range ours {
 		resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: d.csiSnapshot(s)})
 	}
