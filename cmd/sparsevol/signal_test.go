@@ -69,7 +69,7 @@ func exists(pattern string) func() bool {
 // SIGTERM remove the copy at once, and that a rerun or a delete --force
 // leaves no copy behind after any signal.
 func TestSignalledRecover(t *testing.T) {
-	const offset = 2 << 30 // in a volume whose copy lasts seconds
+	const offset = 2 << 30 // in a volume whose scan lasts seconds
 	marker := []byte("only on the device now\n")
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGKILL} {
 		for _, then := range []string{"rerun", "delete"} {
@@ -81,7 +81,12 @@ func TestSignalledRecover(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				_, err = dev.WriteAt(marker, offset)
+				// Data for the copy to take a while over: recover reads the
+				// device for its data before it makes the copy.
+				_, err = dev.WriteAt(bytes.Repeat([]byte{0x5a}, 256<<20), 0)
+				if err == nil {
+					_, err = dev.WriteAt(marker, offset)
+				}
 				if cerr := dev.Close(); err != nil || cerr != nil {
 					t.Fatal(err, cerr)
 				}

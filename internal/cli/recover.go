@@ -20,7 +20,9 @@ lives on only in the loop device, until that is detached or the node reboots.
 recover copies the device into a new sparse backing file (blocks of zeroes
 stay holes), detaches the old device and attaches the volume again from the
 new file. Unmount the volume first: a copy of a mounted filesystem is not
-consistent. Shows progress when stderr is a terminal.`,
+consistent. It reads the device once for its data and refuses, changing
+nothing, a copy the store's filesystem has not the room for; then it copies
+that data. Shows progress of both when stderr is a terminal.`,
 		Example: `  sparsevol status data        # State: orphaned, Device: /dev/loop3
   umount /mnt/data
   sparsevol recover data`,
@@ -32,7 +34,8 @@ consistent. Shows progress when stderr is a terminal.`,
 			}
 			var opts volume.RecoverOptions
 			if isTerminal(os.Stderr) {
-				opts.Progress = progress(g, "recover "+args[0])
+				opts.Scan = progress(g, "recover "+args[0]+": reading")
+				opts.Progress = progress(g, "recover "+args[0]+": copying")
 			}
 			st, err := s.Recover(cmd.Context(), args[0], opts)
 			if err != nil {

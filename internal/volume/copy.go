@@ -87,13 +87,27 @@ func cloneUnsupported(err error) bool {
 // sparseCopy copies the data ranges of src below size to the same offsets
 // of dst and sets dst's size.
 func sparseCopy(ctx context.Context, dst, src int, size int64, progress func(done, total int64)) error {
+	ranges := func(fn func(start, end int64) error) error { return eachDataRange(src, size, fn) }
+	cp := func(off, n int64) (int64, error) { return copyRange(src, dst, off, n) }
+	return copyRanges(ctx, dst, size, ranges, cp, progress)
+}
+
+// copyRanges is the loop of every sparse copy into the store's file dst:
+// for each range [start, end) that ranges yields, in order, it calls cp
+// with an offset and at most copyChunk bytes until the range is copied
+// (cp copies at least one byte to the same offset of dst, and says how
+// many), looking at ctx and calling progress (bytes of the source covered
+// so far, size) between calls, with dst's writeback started behind it
+// (writebehind.go); then it sets dst's size. Nothing is flushed.
+func copyRanges(ctx context.Context, dst int, size int64, ranges func(fn func(start, end int64) error) error,
+	cp func(off, n int64) (int64, error), progress func(done, total int64)) error {
 	wb := newWriteBehind(dst)
-	err := eachDataRange(src, size, func(start, end int64) error {
+	err := ranges(func(start, end int64) error {
 		for off := start; off < end; {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			n, err := copyRange(src, dst, off, min(end-off, copyChunk))
+			n, err := cp(off, min(end-off, copyChunk))
 			if err == nil {
 				err = wb.wrote(off, n)
 			}

@@ -16,8 +16,11 @@ import (
 
 // RecoverOptions tune Recover.
 type RecoverOptions struct {
-	// Progress, if set, is called after each copied chunk with the bytes
-	// done and the total.
+	// Scan, if set, is called as the device is read for its data (chunks
+	// that are not all zeroes), with the bytes read and the device's size.
+	Scan func(done, total int64)
+	// Progress, if set, is called as that data is then copied, with the
+	// bytes of the device covered and its size.
 	Progress func(done, total int64)
 }
 
@@ -30,8 +33,9 @@ const recoverChunk = 1 << 20
 // file, sparse (chunks of zeroes stay holes), puts it at <root>/<uuid>,
 // detaches the old device, records the new file and attaches the volume
 // again. It refuses, changing nothing, while the device is in use (a copy
-// of a mounted filesystem is not consistent: unmount it first) and when
-// the volume is not orphaned. A crash midway leaves the old device and a
+// of a mounted filesystem is not consistent: unmount it first), when
+// the volume is not orphaned, and when the store's filesystem has not the
+// room for the copy (ErrNoSpace, see copyOut). A crash midway leaves the old device and a
 // temporary file (recoverTempName) that the next Recover replaces and
 // Delete removes.
 func (s *Store) Recover(ctx context.Context, ref string, opts RecoverOptions) (*Status, error) {
@@ -76,7 +80,11 @@ func (s *Store) Recover(ctx context.Context, ref string, opts RecoverOptions) (*
 }
 
 // copyOut copies dev (held while it is read) into a temporary file of the
-// store and renames it to <root>/<uuid>.
+// store and renames it to <root>/<uuid>. It reads the device once for the
+// chunks that hold data (deviceData) and refuses, before it creates
+// anything, a copy the store's filesystem has not the room for (roomFor,
+// ErrNoSpace); then it copies those chunks (copyRanges), so the copy is
+// sparse.
 func (s *Store) copyOut(ctx context.Context, v *Volume, dev *loop.Device, opts RecoverOptions) error {
 	held, err := loop.Hold(dev.Path, v.owner(dev.Backing))
 	if err != nil {
@@ -92,6 +100,14 @@ func (s *Store) copyOut(ctx context.Context, v *Volume, dev *loop.Device, opts R
 	size, err := src.Seek(0, io.SeekEnd)
 	if err != nil {
 		return fmt.Errorf("size of %s: %w", dev.Path, err)
+	}
+	buf := make([]byte, recoverChunk)
+	data, need, err := deviceData(ctx, src, size, buf, opts.Scan)
+	if err != nil {
+		return err
+	}
+	if err := s.roomFor(need, "the copy of the data on "+dev.Path); err != nil {
+		return err
 	}
 	dir, err := s.dirFD()
 	if err != nil {
@@ -112,29 +128,28 @@ func (s *Store) copyOut(ctx context.Context, v *Volume, dev *loop.Device, opts R
 			_ = unix.Unlinkat(dir, tmp, 0)
 		}
 	}()
-	buf := make([]byte, recoverChunk)
-	for off := int64(0); off < size; {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		n, err := src.ReadAt(buf[:min(int64(len(buf)), size-off)], off)
-		if n > 0 && !allZero(buf[:n]) {
-			if _, werr := dst.WriteAt(buf[:n], off); werr != nil {
-				return fmt.Errorf("write %s: %w", dst.Name(), werr)
+	ranges := func(fn func(start, end int64) error) error {
+		for _, r := range data {
+			if err := fn(r.start, r.end); err != nil {
+				return err
 			}
 		}
-		off += int64(n)
-		if opts.Progress != nil {
-			opts.Progress(off, size)
-		}
-		if err != nil && !(errors.Is(err, io.EOF) && off >= size) {
-			return fmt.Errorf("read %s at %d: %w", dev.Path, off, err)
-		}
+		return nil
 	}
-	if err := dst.Truncate(size); err != nil {
-		return err
+	cp := func(off, n int64) (int64, error) {
+		n = min(n, int64(len(buf)))
+		if _, err := src.ReadAt(buf[:n], off); err != nil {
+			return 0, fmt.Errorf("read %s at %d: %w", dev.Path, off, err)
+		}
+		if _, err := dst.WriteAt(buf[:n], off); err != nil {
+			return 0, fmt.Errorf("write %s: %w", dst.Name(), err)
+		}
+		return n, nil
 	}
-	if err := dst.Sync(); err != nil {
+	if err := copyRanges(ctx, fd, size, ranges, cp, opts.Progress); err != nil {
+		return s.inStore(err)
+	}
+	if err := flushCopy(fd, CopySparse); err != nil {
 		return err
 	}
 	if err := unix.Renameat2(dir, tmp, dir, v.UUID, unix.RENAME_NOREPLACE); err != nil {
@@ -142,6 +157,40 @@ func (s *Store) copyOut(ctx context.Context, v *Volume, dev *loop.Device, opts R
 	}
 	done = true
 	return fsutil.SyncDir(s.root)
+}
+
+// dataRange is a range [start, end) of a device that holds data.
+type dataRange struct{ start, end int64 }
+
+// deviceData reads the first size bytes of the device src in chunks of
+// len(buf) and returns the ranges of the chunks that are not all zeroes,
+// adjacent ones merged, and how many bytes they hold. progress, if set,
+// is called with the bytes read so far and size.
+func deviceData(ctx context.Context, src *os.File, size int64, buf []byte, progress func(done, total int64)) ([]dataRange, int64, error) {
+	var out []dataRange
+	var need int64
+	for off := int64(0); off < size; {
+		if err := ctx.Err(); err != nil {
+			return nil, 0, err
+		}
+		n, err := src.ReadAt(buf[:min(int64(len(buf)), size-off)], off)
+		if n > 0 && !allZero(buf[:n]) {
+			if k := len(out) - 1; k >= 0 && out[k].end == off {
+				out[k].end += int64(n)
+			} else {
+				out = append(out, dataRange{off, off + int64(n)})
+			}
+			need += int64(n)
+		}
+		off += int64(n)
+		if progress != nil {
+			progress(off, size)
+		}
+		if err != nil && !(errors.Is(err, io.EOF) && off >= size) {
+			return nil, 0, fmt.Errorf("read %s at %d: %w", src.Name(), off, err)
+		}
+	}
+	return out, need, nil
 }
 
 // recoverTempPrefix and the volume's UUID name the copy Recover makes of

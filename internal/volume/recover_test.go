@@ -1,0 +1,89 @@
+package volume
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+// orphan makes s a volume name of size bytes, attached, writes data at
+// offset 0 of its device and removes its backing file: the data lives on
+// only on the device, which it returns.
+func orphan(t *testing.T, s *Store, name string, size int64, data []byte) string {
+	t.Helper()
+	mustCreate(t, s, CreateRequest{Name: name, SizeBytes: size, Mode: ModeBlock, NoPartition: true})
+	st, err := s.Attach(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := os.OpenFile(st.Device, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = dev.WriteAt(data, 0)
+	if serr := dev.Sync(); err == nil {
+		err = serr
+	}
+	dev.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(st.BackingFile); err != nil {
+		t.Fatal(err)
+	}
+	if st, err = s.Status(name); err != nil || st.State != StateOrphaned {
+		t.Fatalf("after its file went: %+v, %v; want orphaned", st, err)
+	}
+	return st.Device
+}
+
+// TestRecoverRefusedBeyondFreeSpace: a recover whose copy of the device's
+// data the store's filesystem has not the room for is refused with
+// ErrNoSpace before anything is written (the store is not filled up,
+// which would fail every thin volume's writes meanwhile); the orphan
+// keeps its device. With the room made, the same recover copies the data
+// back, sparse.
+func TestRecoverRefusedBeyondFreeSpace(t *testing.T) {
+	ctx := context.Background()
+	s := smallStore(t, "ext4", 256<<20, Options{OvercommitRatio: 10})
+	data := make([]byte, 64<<20)
+	rand.New(rand.NewSource(1)).Read(data)
+	dev := orphan(t, s, "v", 128<<20, data)
+	fillStore(t, s, 16<<20)
+	before, free := storeTree(t, s), freeBytes(t, s)
+	_, err := s.Recover(ctx, "v", RecoverOptions{})
+	if !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("recover of 64MiB of data with %dKiB free: %v, want ErrNoSpace", free>>10, err)
+	}
+	if after := storeTree(t, s); !slices.Equal(after, before) {
+		t.Errorf("the store changed:\n%q\nwas\n%q", after, before)
+	}
+	if got := freeBytes(t, s); got < free {
+		t.Errorf("free space %d after the refusal, %d before", got, free)
+	}
+	if st, err := s.Status("v"); err != nil || st.State != StateOrphaned || st.Device != dev {
+		t.Fatalf("after the refusal: %+v, %v; want orphaned on %s", st, err, dev)
+	}
+
+	fillers, _ := filepath.Glob(filepath.Join(filepath.Dir(s.Root()), "filler-*"))
+	for _, f := range fillers {
+		os.Remove(f)
+	}
+	st, err := s.Recover(ctx, "v", RecoverOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Delete(ctx, "v", DetachOptions{}) })
+	back, err := os.ReadFile(st.BackingFile)
+	if err != nil || int64(len(back)) != 128<<20 || !bytes.Equal(back[:len(data)], data) || !allZero(back[len(data):]) {
+		t.Fatalf("recovered file: %d bytes, %v; want the data, then zeroes to 128MiB", len(back), err)
+	}
+	if got := allocated(t, st.BackingFile); got > int64(len(data))+1<<20 {
+		t.Errorf("recovered file holds %d bytes, want no more than its %d of data", got, len(data))
+	}
+}
