@@ -34,13 +34,18 @@ const recoverChunk = 1 << 20
 // detaches the old device, records the new file and attaches the volume
 // again. It refuses, changing nothing, while the device is in use (a copy
 // of a mounted filesystem is not consistent: unmount it first), when
-// the volume is not orphaned, and when the store's filesystem has not the
-// room for the copy (ErrNoSpace, see copyOut). A crash midway leaves the old device and a
+// the volume is not orphaned, when its record is not ready (ErrNotReady:
+// one left creating or deleting; withVolume refuses a broken or newer
+// record, ErrBroken, ErrNewer), and when the store's filesystem has
+// not the room for the copy (ErrNoSpace, see copyOut). A crash midway leaves the old device and a
 // temporary file (recoverTempName) that the next Recover replaces and
 // Delete removes.
 func (s *Store) Recover(ctx context.Context, ref string, opts RecoverOptions) (*Status, error) {
 	var out *Status
 	err := s.withVolume(ref, func(v *Volume) error {
+		if v.State != StateReady {
+			return fmt.Errorf("recover %s: state %s: %w (only a ready volume is recovered; `sparsevol delete --force %s` removes it and its device)", v.Name, v.State, ErrNotReady, v.UUID)
+		}
 		if _, err := s.statBacking(v.UUID); !isNotExist(err) {
 			return fmt.Errorf("recover %s: its backing file is there; only an orphaned volume is recovered: %w", v.Name, ErrInvalid)
 		}

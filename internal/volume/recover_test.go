@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/sparsevol/sparsevol/internal/testutil"
 )
 
 // orphan makes s a volume name of size bytes, attached, writes data at
@@ -85,5 +87,44 @@ func TestRecoverRefusedBeyondFreeSpace(t *testing.T) {
 	}
 	if got := allocated(t, st.BackingFile); got > int64(len(data))+1<<20 {
 		t.Errorf("recovered file holds %d bytes, want no more than its %d of data", got, len(data))
+	}
+}
+
+// TestRecoverRefusesState: only a ready volume is recovered. An
+// unfinished one (creating, deleting) is refused with ErrNotReady, and a
+// record of a newer sparsevol with ErrNewer, before anything changes:
+// the device still holds the data, and no copy is made.
+func TestRecoverRefusesState(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(rec map[string]any)
+		want error
+	}{
+		{"creating", func(rec map[string]any) { rec["state"] = string(StateCreating) }, ErrNotReady},
+		{"deleting", func(rec map[string]any) { rec["state"] = string(StateDeleting) }, ErrNotReady},
+		{"newer", func(rec map[string]any) { rec["format"] = RecordFormat + 1 }, ErrNewer},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newStore(t, Options{})
+			dev := orphan(t, s, "v", 16<<20, []byte("only on the device"))
+			v, err := s.Get("v")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { testutil.DetachIfServes(dev, v.BackingFile) })
+			testutil.EditJSON(t, s.metaPath(v.UUID), tt.edit)
+			before := storeTree(t, s)
+			_, err = s.Recover(context.Background(), v.UUID, RecoverOptions{})
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("Recover: %v, want %v", err, tt.want)
+			}
+			if after := storeTree(t, s); !slices.Equal(after, before) {
+				t.Errorf("the store changed:\n%q\nwas\n%q", after, before)
+			}
+			if devs := boundUnder(s.Root()); len(devs) != 1 || devs[0] != dev {
+				t.Errorf("devices after the refusal: %v, want the orphan's %s", devs, dev)
+			}
+		})
 	}
 }
