@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,7 +13,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sparsevol/sparsevol/internal/loop"
 	"github.com/sparsevol/sparsevol/internal/testutil"
+	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
 // TestKilledCLILeavesNoChild: a CLI killed with SIGKILL while mkfs runs
@@ -429,5 +432,54 @@ func TestStatusQuotesHostileMountPoints(t *testing.T) {
 				t.Errorf("%v prints %q outside the quoted mount point:\n%s", args, bad, out)
 			}
 		}
+	}
+}
+
+// TestDoctorReportsLeftovers: doctor reports the partial copy a killed
+// recover left, with what removes it, and removes the probe file and
+// device a killed doctor left, saying so.
+func TestDoctorReportsLeftovers(t *testing.T) {
+	root := newRoot(t)
+	uuid := strings.TrimSpace(mustRun(t, root, "create", "v", "--size", "8M", "--mode", "block", "--no-partition"))
+	t.Cleanup(func() { mustRun(t, root, "delete", "v") })
+	copied := filepath.Join(root, ".recover-"+uuid)
+	if err := os.WriteFile(copied, []byte("partial"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	probe := filepath.Join(root, ".doctor-1234")
+	f, err := os.Create(probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = f.Truncate(4 << 20)
+	var dev *loop.Device
+	if err == nil {
+		dev, err = loop.Attach(int(f.Fd()), loop.AttachOptions{Tag: volume.ProbeTag})
+	}
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { testutil.DetachIfServes(dev.Path, probe) })
+	then := time.Now().Add(-time.Minute)
+	if err := os.Chtimes(probe, then, then); err != nil {
+		t.Fatal(err)
+	}
+
+	r := sparsevol(t, root, nil, "doctor")
+	for _, want := range []string{
+		"[WARN] leftovers: " + copied + " is a partial copy a killed recover of volume " + uuid + " left",
+		"-> rerun `sparsevol recover " + uuid + "` (it starts over), or `rm " + copied + "`",
+		"[OK  ] leftovers: removed " + probe + " and " + dev.Path + " bound to it, left by a killed doctor",
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("doctor does not say %q:\n%s%s", want, r.stdout, r.stderr)
+		}
+	}
+	if _, err := os.Lstat(probe); !os.IsNotExist(err) {
+		t.Errorf("%s after doctor: %v, want it removed", probe, err)
+	}
+	if devs := devicesUnder(root); slices.Contains(devs, dev.Path) {
+		t.Errorf("bound after doctor: %v, want the probe's device %s detached", devs, dev.Path)
 	}
 }

@@ -198,7 +198,8 @@ func (g *globals) diagnose() []finding {
 		return out
 	}
 	add("OK", "store", s.Root()+" exists and is private", "")
-	out = append(out, storeFilesystem(s.Root()), partitionSupport(s.Root()))
+	out = append(out, storeFilesystem(s.Root()))
+	out = append(out, partitionSupport(s)...)
 
 	sp, err := s.Space()
 	if err == nil {
@@ -280,7 +281,27 @@ func (g *globals) diagnose() []finding {
 		}
 		add("WARN", "snapshots", shown+" is no snapshot's file or metadata (left by a killed writer, or put there by hand)", fix)
 	}
+	out = append(out, recoverCopies(s, ours)...)
 	return append(out, taggedDevices(s.Root(), ours)...)
+}
+
+// recoverCopies reports the copies killed recovers left in the store,
+// with what removes them.
+func recoverCopies(s *volume.Store, ours map[string]bool) []finding {
+	const check = "leftovers"
+	copies, err := s.RecoverCopies()
+	if err != nil {
+		return []finding{{"WARN", check, "cannot look for the copies of killed recovers: " + err.Error(), ""}}
+	}
+	var out []finding
+	for _, c := range copies {
+		fix := "rm " + c.Path
+		if ours[c.UUID] {
+			fix = fmt.Sprintf("rerun `sparsevol recover %s` (it starts over), or `rm %s`", c.UUID, c.Path)
+		}
+		out = append(out, finding{"WARN", check, fmt.Sprintf("%s is a partial copy a killed recover of volume %s left", c.Path, c.UUID), fix})
+	}
+	return out
 }
 
 // taggedDevices reports the loop devices tagged sparsevol:<uuid>. One
@@ -376,23 +397,58 @@ func storeFilesystem(root string) finding {
 }
 
 // partitionSupport tries what partitioned volumes need: a GPT on a loop
-// device with partscan showing loopNp1.
-func partitionSupport(dir string) finding {
+// device with partscan showing loopNp1. Its probe file (Store.ProbeFile)
+// also clears what the probes of killed doctors left, which it reports.
+func partitionSupport(s *volume.Store) []finding {
 	const check = "partitions"
 	if _, err := exec.LookPath("sgdisk"); err != nil {
-		return finding{"FAIL", check, "sgdisk is not installed: partitioned block volumes cannot be made", "apt-get install gdisk"}
+		return []finding{{"FAIL", check, "sgdisk is not installed: partitioned block volumes cannot be made", "apt-get install gdisk"}}
 	}
-	f, err := os.CreateTemp(dir, ".doctor-*")
+	p, err := s.ProbeFile()
 	if err != nil {
-		return finding{"WARN", check, "cannot test: " + err.Error(), ""}
+		return []finding{{"WARN", check, "cannot test: " + err.Error(), ""}}
 	}
-	defer os.Remove(f.Name())
-	defer f.Close()
+	defer p.Close()
+	out := probeLeftovers(p.Left)
+	return append(out, probePartitions(p.File))
+}
+
+// probeLeftovers reports what the probes of killed doctors left: removed,
+// or with what removes it.
+func probeLeftovers(left []volume.ProbeLeftover) []finding {
+	const check = "leftovers"
+	var out []finding
+	for _, l := range left {
+		shown, plain := shownFile(l.Path)
+		what := shown
+		if len(l.Devices) > 0 {
+			what += " and " + strings.Join(l.Devices, ", ") + " bound to it"
+		}
+		if l.Err == nil {
+			out = append(out, finding{"OK", check, "removed " + what + ", left by a killed doctor", ""})
+			continue
+		}
+		fix := "detach its devices (losetup -d), then remove it"
+		if plain {
+			fix = "rm " + l.Path
+			if len(l.Devices) > 0 {
+				fix = "losetup -d " + strings.Join(l.Devices, " ") + "; " + fix
+			}
+		}
+		out = append(out, finding{"WARN", check, what + ", left by a killed doctor, is still there: " + l.Err.Error(), fix})
+	}
+	return out
+}
+
+// probePartitions binds a loop device with partscan to the probe file f
+// holding a GPT and reports whether the kernel shows its partition.
+func probePartitions(f *os.File) finding {
+	const check = "partitions"
 	f.Truncate(4 << 20)
 	if err := exec.Command("sgdisk", "--new=1:0:0", f.Name()).Run(); err != nil {
 		return finding{"WARN", check, "cannot test: sgdisk: " + err.Error(), ""}
 	}
-	opts := loop.AttachOptions{Partscan: true, Tag: volume.TagPrefix + "doctor"}
+	opts := loop.AttachOptions{Partscan: true, Tag: volume.ProbeTag}
 	dev, err := loop.Attach(int(f.Fd()), opts)
 	if err != nil {
 		return finding{"WARN", check, "cannot test: " + err.Error(), ""}

@@ -241,7 +241,7 @@ func openPrivate(dir string, log *slog.Logger) (dirID, error) {
 func storeEntry(name string) bool {
 	_, temp := staleTempUUID(name)
 	return temp || name == lockDir || name == snapDir || name == "lost+found" ||
-		strings.HasPrefix(name, ".doctor-") || ValidUUID(strings.TrimPrefix(name, recoverTempPrefix)) ||
+		strings.HasPrefix(name, probePrefix) || ValidUUID(strings.TrimPrefix(name, recoverTempPrefix)) ||
 		ValidUUID(name) || ValidUUID(strings.TrimSuffix(name, metaExt))
 }
 
@@ -677,13 +677,33 @@ func (s *Store) List() ([]*Volume, error) {
 }
 
 // uuids lists the UUIDs of the store's metadata files, without reading
-// them. It is the one read of the whole store directory (besides
-// openPrivate's of a store it must make private), so it also sweeps the
+// them. Its read (storeNames) is the one read of the whole store
+// directory (besides openPrivate's of a store it must make private, and
+// doctor's look for leftovers), so it also sweeps the
 // temporary metadata of killed writers it comes across
 // (removeStaleTemps): listing, boot's attach --all, detach --all and
 // doctor pay for a sweep in the read they make anyway, and no call about
 // one volume reads the directory at all.
 func (s *Store) uuids() ([]string, error) {
+	names, err := s.storeNames()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, name := range names {
+		if uuid, ok := strings.CutSuffix(name, metaExt); ok && ValidUUID(uuid) {
+			out = append(out, uuid)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// storeNames reads the names in the store's directory: the read uuids
+// makes, and the one doctor's look for leftovers makes (RecoverCopies,
+// Probe). It sweeps the temporary metadata of killed writers among them
+// (removeStaleTemps).
+func (s *Store) storeNames() ([]string, error) {
 	storeDirReads.Add(1)
 	f, err := fsutil.OpenDir(s.root)
 	if err != nil {
@@ -694,15 +714,8 @@ func (s *Store) uuids() ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list store %s: %w", s.root, err)
 	}
-	var out []string
-	for _, name := range names {
-		if uuid, ok := strings.CutSuffix(name, metaExt); ok && ValidUUID(uuid) {
-			out = append(out, uuid)
-		}
-	}
-	sort.Strings(out)
 	s.removeStaleTemps(names)
-	return out, nil
+	return names, nil
 }
 
 // storeDirReads counts the reads of a whole store directory this process
