@@ -360,13 +360,13 @@ func shownFile(path string) (shown string, plain bool) {
 }
 
 // backingFileOf is the path of d's backing file as sysfs gives it, without
-// the " (deleted)" the kernel appends to a removed file.
+// the suffix the kernel appends to a removed file.
 func backingFileOf(d *loop.Device) (string, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/sys/block/loop%d/loop/backing_file", d.Number))
+	path, err := loop.BackingFile(d.Number)
 	if err != nil {
 		return "", false
 	}
-	return strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), " (deleted)"), true
+	return strings.TrimSuffix(path, loop.DeletedSuffix), true
 }
 
 // storeFullPercent is the share of the store's filesystem below which
