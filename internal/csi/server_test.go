@@ -1,12 +1,10 @@
 package csi
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -14,6 +12,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/sparsevol/sparsevol/internal/testutil"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
@@ -46,31 +45,12 @@ func TestLogAttrsBounded(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a bytes.Buffer the plugin's goroutines write and a test
-// reads.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestLogLineOfHugeRequestBounded: a call whose name, ids and paths are a
 // MiB each, sent over the plugin's socket, is logged in one line of at
 // most maxLogLine bytes, the error message of a refusal included.
 func TestLogLineOfHugeRequestBounded(t *testing.T) {
 	const maxLogLine = 1024
-	var logged lockedBuffer
+	var logged testutil.SyncBuffer
 	e := newTestEnv(t, envOptions{log: &logged})
 	ctx := context.Background()
 	huge := strings.Repeat("x", 1<<20)

@@ -1,7 +1,6 @@
 package kubelet
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/sparsevol/sparsevol/internal/testutil"
 	"github.com/sparsevol/sparsevol/internal/unixsock"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
@@ -111,30 +110,12 @@ func TestGetInfoAndStatus(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a log sink the server's goroutines may write at once.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestRefusalMessageClipped: the error message of a refusal comes from
 // whoever reaches the socket; it is logged and kept in Status only as
 // volume.ClipMessage shows it: no terminal escapes, no newlines, and a
 // few hundred bytes of however many were sent.
 func TestRefusalMessageClipped(t *testing.T) {
-	var logs lockedBuffer
+	var logs testutil.SyncBuffer
 	srv, _, client, _, _ := serve(t, Config{DriverName: "sparsevol.example.com", Endpoint: "/var/lib/kubelet/plugins/sparsevol/csi.sock",
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	ctx, c := context.WithTimeout(context.Background(), 10*time.Second)

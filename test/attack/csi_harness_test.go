@@ -1,7 +1,6 @@
 package attack
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
@@ -17,6 +16,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+
+	"github.com/sparsevol/sparsevol/internal/testutil"
 )
 
 // plugin is sparsevol-csi serving one case's store on a socket of its
@@ -28,27 +29,10 @@ type plugin struct {
 	sockDir string
 	sock    string
 	cmd     *exec.Cmd
-	stderr  *syncBuffer
+	stderr  *testutil.SyncBuffer
 	conn    *grpc.ClientConn
 	ctrl    csi.ControllerClient
 	node    csi.NodeClient
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 var (
@@ -93,7 +77,7 @@ func (c *kase) startPlugin(umask string, extra ...string) *plugin {
 	// Relative paths resolve in a directory of the case, watched.
 	p.cmd.Dir = c.mkdir("cwd")
 	c.watch(p.cmd.Dir)
-	p.stderr = &syncBuffer{}
+	p.stderr = &testutil.SyncBuffer{}
 	p.cmd.Stdout, p.cmd.Stderr = p.stderr, p.stderr
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
