@@ -297,6 +297,17 @@ var (
 	errNotOwn = errors.New("not this user's file with one link, writable by no one else")
 )
 
+// Flock is flock(2) on fd with how (LOCK_EX, LOCK_SH, LOCK_NB ...),
+// retried when a signal interrupts the wait.
+func Flock(fd, how int) error {
+	for {
+		err := unix.Flock(fd, how)
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
+}
+
 // OpenDir opens the directory path for reading its entries, as os.Open
 // does, through a plain fd: a directory needs no poller.
 func OpenDir(path string) (*os.File, error) {

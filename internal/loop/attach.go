@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sparsevol/sparsevol/internal/fsutil"
 	"github.com/sparsevol/sparsevol/internal/parallel"
 	"golang.org/x/sys/unix"
 )
@@ -99,7 +100,7 @@ func lockControl() (int, error) {
 	if err != nil {
 		return -1, &os.PathError{Op: "open", Path: ControlPath, Err: err}
 	}
-	if err := flock(fd, unix.LOCK_EX); err != nil {
+	if err := fsutil.Flock(fd, unix.LOCK_EX); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("lock %s: %w", ControlPath, err)
 	}
@@ -245,15 +246,6 @@ func openUnwatched(n int, flags int) (int, error) {
 
 // privateNodePrefix names openUnwatched's short-lived nodes.
 const privateNodePrefix = "/dev/.sparsevol-bind-loop"
-
-func flock(fd, how int) error {
-	for {
-		err := unix.Flock(fd, how)
-		if !errors.Is(err, unix.EINTR) {
-			return err
-		}
-	}
-}
 
 // AttachRequest is one binding asked of AttachMany. FD is the backing
 // file, opened by the caller, who closes it after the call.

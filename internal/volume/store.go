@@ -389,12 +389,7 @@ func (s *Store) flock(name string, how int) (func(), error) {
 		if err != nil {
 			return nil, fmt.Errorf("lock %s: %w", name, err)
 		}
-		for {
-			err = unix.Flock(fd, how)
-			if !errors.Is(err, unix.EINTR) {
-				break
-			}
-		}
+		err = fsutil.Flock(fd, how)
 		var held, named unix.Stat_t
 		if err == nil {
 			if err = unix.Fstat(fd, &held); err == nil {
