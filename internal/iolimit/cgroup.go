@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/fsutil"
 )
 
 // DefaultMount is where the cgroup v2 hierarchy is mounted on a node.
@@ -175,6 +177,11 @@ func (c Config) Set(dev uint64, l Limits) (err error) {
 		return fmt.Errorf("no cgroup holding pods under %s (%s): kubelet has not made it, or this is not the host's hierarchy (in a pod: mount the host's /sys/fs/cgroup and give --cgroup-mount); name it with --pods-cgroup: %w",
 			c.mount(), strings.Join(podCgroups, ", "), ErrNotSupported)
 	}
+	unlock, err := lockHierarchy(c.mount())
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	var made, enabled []string
 	defer func() {
 		if err != nil {
@@ -191,7 +198,33 @@ func (c Config) Set(dev uint64, l Limits) (err error) {
 	if enabled, err = enableIO(c.mount(), cg); err != nil {
 		return err
 	}
+	if setRace != nil {
+		setRace()
+	}
 	return writeLine(cg, l.line(unix.Major(dev), unix.Minor(dev)))
+}
+
+// setRace, when a test sets it, runs in Set between the enabling of the
+// io controller and the io.max write.
+var setRace func()
+
+// lockHierarchy serialises Set with every other Set on the node, in this
+// process or another (the CLI beside the plugin, which sees the same
+// hierarchy mounted elsewhere): a refused Set undoes the cgroups it made
+// and the io controller it enabled, which another Set must not have
+// relied on meanwhile. It takes an exclusive flock on the hierarchy's
+// root directory, mount, and returns its release, which the caller
+// calls.
+func lockHierarchy(mount string) (unlock func(), err error) {
+	fd, err := unix.Open(mount, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("lock cgroup hierarchy %s: %w", mount, err)
+	}
+	if err := fsutil.Flock(fd, unix.LOCK_EX); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("lock cgroup hierarchy %s: %w", mount, err)
+	}
+	return func() { unix.Close(fd) }, nil
 }
 
 // makeCgroup makes cg and the cgroups between mount and it that are

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -167,6 +168,52 @@ func TestRefusedSetChangesNothing(t *testing.T) {
 				t.Errorf("a Set that worked left no %s with io enabled above it", cg)
 			}
 		})
+	}
+}
+
+// TestRefusedSetKeepsAConcurrentSet: a refused Set undoes the io
+// controller it enabled; a Set of another device that ran meanwhile (the
+// plugin and the CLI each set limits) relied on that controller and must
+// keep its limit. Sets are serialised on the hierarchy (lockHierarchy):
+// the second waits for the first's undo, then enables io again itself.
+func TestRefusedSetKeepsAConcurrentSet(t *testing.T) {
+	testutil.RequireRoot(t)
+	m, top := testutil.PrivateCgroup2(t)
+	if testutil.HostLacks(t, testutil.FeatureIOLimits, Config{Mount: m, Cgroup: top}.Supported()) {
+		t.Skip("no io controller here; the VM suite's guest run has one and runs this")
+	}
+	_, dev := loopDevice(t)
+	cg := filepath.Join(top, "pods")
+	t.Cleanup(func() {
+		os.Remove(filepath.Join(m, cg))
+		os.Remove(filepath.Join(m, top))
+	})
+	c := Config{Mount: m, Cgroup: cg}
+	want := Limits{WriteIOPS: 10}
+	other := make(chan error, 1)
+	t.Cleanup(func() { setRace = nil })
+	setRace = func() {
+		setRace = nil // the other Set runs without the hook
+		go func() { other <- c.Set(dev, want) }()
+		// The other Set is done in well under a second unless it waits
+		// for this one.
+		select {
+		case err := <-other:
+			other <- err
+		case <-time.After(time.Second):
+		}
+	}
+	if err := c.Set(unix.Mkdev(0, 1<<19), want); err == nil { // major 0: refused by the kernel
+		t.Fatal("Set for no device worked")
+	}
+	if err := <-other; err != nil {
+		t.Fatalf("the concurrent Set of %d:%d: %v", unix.Major(dev), unix.Minor(dev), err)
+	}
+	if got, err := c.Get(dev); err != nil || got != want {
+		t.Errorf("limits of %d:%d after a refused Set beside it: %+v, %v; want %+v", unix.Major(dev), unix.Minor(dev), got, err, want)
+	}
+	if err := c.Remove(dev); err != nil {
+		t.Fatal(err)
 	}
 }
 

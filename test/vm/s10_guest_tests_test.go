@@ -28,7 +28,7 @@ var s10Tests = []struct {
 	pkg   string   // package, relative to the repository
 	tests []string // its tests that need the guest's features
 }{
-	{"./internal/iolimit", []string{"TestSetRemove", "TestRefusedSetChangesNothing"}},
+	{"./internal/iolimit", []string{"TestSetRemove", "TestRefusedSetChangesNothing", "TestRefusedSetKeepsAConcurrentSet"}},
 	{"./internal/volume", []string{"TestChangeLive", "TestLimitsFollowTheDevice",
 		"TestDetachLeavesTheNextBindersLimits", "TestLimitsStayOnADeviceLeftBound",
 		"TestLimitsOnlyOnAHeldDevice", "TestExpandFrozenRefused"}},
