@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
@@ -190,4 +191,42 @@ func TestSnapshotKilledWhileFrozenThaws(t *testing.T) {
 	if out := mustRun(t, root, "snapshot", "list"); strings.Count(out, "\n") != 1 {
 		t.Fatalf("snapshots left: %s", out)
 	}
+}
+
+// TestImportLeftCreatingIsNotCreated: an import killed after its data
+// was linked leaves a volume creating that holds the stream's data. A
+// plain create of the same name and layout must not finish it into a
+// "new" volume holding that data: it is refused (exit 2) with the way
+// out, and the volume stays for delete, after which the import reruns.
+func TestImportLeftCreatingIsNotCreated(t *testing.T) {
+	root := newRoot(t)
+	mustRun(t, root, "create", "src", "--size", "20Mi", "--mode", "block", "--no-partition", "--no-start")
+	data := bytes.Repeat([]byte{0xab}, 5<<20)
+	if err := os.WriteFile(volumeNamed(t, root, "src").BackingFile, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stream := []byte(mustRun(t, root, "export", "src"))
+	for _, step := range []string{"create:reserved", "create:file"} {
+		t.Run(step, func(t *testing.T) {
+			r := sparsevolIn(t, root, stream, []string{volume.CrashEnv + "=" + step}, "import", "i", "--no-start")
+			if !r.signaled {
+				t.Fatalf("crash point %s not reached: exit %d %s", step, r.code, r.stderr)
+			}
+			r = sparsevol(t, root, nil, "create", "i", "--size", "20Mi", "--mode", "block", "--no-partition", "--no-start")
+			if r.code != 2 || !strings.Contains(r.stderr, "sparsevol delete i") {
+				t.Fatalf("create over an unfinished import: exit %d, want 2 with advice to delete: %s", r.code, r.stderr)
+			}
+			if st := volumeNamed(t, root, "i"); st.State != volume.StateCreating {
+				t.Fatalf("after the refused create: state %s, want %s", st.State, volume.StateCreating)
+			}
+			mustRun(t, root, "delete", "i")
+			sparsevolIn(t, root, stream, nil, "import", "i", "--no-start")
+			got, err := os.ReadFile(volumeNamed(t, root, "i").BackingFile)
+			if err != nil || !bytes.Equal(got[:len(data)], data) {
+				t.Fatalf("rerun import after delete: %v", err)
+			}
+			mustRun(t, root, "delete", "i")
+		})
+	}
+	mustRun(t, root, "delete", "src")
 }

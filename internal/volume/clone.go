@@ -125,18 +125,14 @@ func withFS(fsType string) string {
 }
 
 // matches reports whether v (a volume a crashed create left) was made from
-// this source; no source matches a volume made from none.
+// this source: its record notes the source as record would. No source
+// matches a volume made from none, and nothing matches an import's, whose
+// stream is gone: a create finishing it would hand out the stream's data
+// as a new volume's.
 func (src *source) matches(v *Volume) bool {
-	if src == nil {
-		return v.FromSnapshot == "" && v.ClonedFrom == ""
-	}
-	switch {
-	case src.snapshot != nil:
-		return v.FromSnapshot == src.uuid
-	case src.volume != nil:
-		return v.ClonedFrom == src.uuid
-	}
-	return v.FromSnapshot == "" && v.ClonedFrom == ""
+	var want Volume
+	src.record(&want)
+	return !v.Imported && !want.Imported && v.FromSnapshot == want.FromSnapshot && v.ClonedFrom == want.ClonedFrom
 }
 
 // locks is the volumes whose locks a create of volume uuid from this
@@ -166,6 +162,8 @@ func (src *source) record(v *Volume) {
 		v.FromSnapshot = src.uuid
 	case src.volume != nil:
 		v.ClonedFrom = src.uuid
+	case src.imported:
+		v.Imported = true
 	}
 }
 

@@ -212,6 +212,17 @@ func (s *Store) Create(ctx context.Context, req CreateRequest) (*Volume, error) 
 	return v, nil
 }
 
+// finishAdvice says how v, left creating by a crash, is finished or
+// removed: the same create again, or delete; an import's only by delete
+// (a create never finishes it, see source.matches), and a rerun of the
+// import after.
+func (v *Volume) finishAdvice() string {
+	if v.Imported {
+		return fmt.Sprintf("an import left unfinished: `sparsevol delete %s`, then import again", v.Name)
+	}
+	return "a create left unfinished: rerun the same create, or delete it"
+}
+
 // reserve checks uniqueness and space and records the volume in state
 // creating, under the store lock so that two creates cannot both pass.
 func (s *Store) reserve(req CreateRequest) (*Volume, error) {
@@ -228,6 +239,9 @@ func (s *Store) reserve(req CreateRequest) (*Volume, error) {
 		if v.Name == req.Name {
 			if v.State == StateCreating && req.compatible(v) {
 				return v, nil // finish what a crashed run started
+			}
+			if v.State == StateCreating {
+				return nil, fmt.Errorf("name %q is taken by volume %s (%s), which %s: %w", req.Name, v.UUID, v.State, v.finishAdvice(), ErrExists)
 			}
 			return nil, fmt.Errorf("name %q is taken by volume %s (%s): %w", req.Name, v.UUID, v.State, ErrExists)
 		}

@@ -214,6 +214,9 @@ func (s *Store) Import(ctx context.Context, r io.Reader, req ImportRequest) (*Vo
 		return nil, fmt.Errorf("import %s: %w", Quote(req.Name), err)
 	}
 	if v, err := s.Get(req.Name); err == nil {
+		if v.State == StateCreating {
+			return nil, fmt.Errorf("import %s: name is taken by volume %s (%s), which %s: %w", req.Name, v.UUID, v.State, v.finishAdvice(), ErrExists)
+		}
 		return nil, fmt.Errorf("import %s: name is taken by volume %s: %w", req.Name, v.UUID, ErrExists)
 	}
 	dir, err := s.dirFD()

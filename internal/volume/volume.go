@@ -251,6 +251,9 @@ type Volume struct {
 	// the volume was copied from when it was made, if any.
 	FromSnapshot string `json:"fromSnapshot,omitempty"`
 	ClonedFrom   string `json:"clonedFrom,omitempty"`
+	// Imported says the volume was made from a stream (Import): one left
+	// creating holds the stream's data, and only Delete removes it.
+	Imported bool `json:"imported,omitempty"`
 	// Labels carry caller-owned annotations (the CSI driver keeps the
 	// request name and parameters here).
 	Labels map[string]string `json:"labels,omitempty"`
