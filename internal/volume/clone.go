@@ -135,6 +135,21 @@ func (src *source) matches(v *Volume) bool {
 	return !v.Imported && !want.Imported && v.FromSnapshot == want.FromSnapshot && v.ClonedFrom == want.ClonedFrom
 }
 
+// held is what the source's data occupies in the store already, in a
+// file of no volume that becomes the new volume's backing file: an
+// import's unnamed file (st_blocks); 0 for any other source, whose copy
+// is not made yet.
+func (src *source) held() int64 {
+	if src == nil || !src.imported {
+		return 0
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(src.importFD, &st); err != nil {
+		return 0
+	}
+	return st.Blocks * 512
+}
+
 // locks is the volumes whose locks a create of volume uuid from this
 // source holds, for lockAll: uuid's, and a clone's source's.
 func (src *source) locks(uuid string) []string {

@@ -261,7 +261,7 @@ func (s *Store) reserve(req CreateRequest) (*Volume, error) {
 	if err := free(req.UUID); err != nil {
 		return nil, err
 	}
-	if err := s.checkSpaceOf(vols, req.SizeBytes, req.Preallocate); err != nil {
+	if err := s.checkSpaceOf(vols, req.SizeBytes, req.source.held(), req.Preallocate); err != nil {
 		return nil, err
 	}
 	directIO := *s.opts.DirectIO

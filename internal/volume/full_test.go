@@ -338,3 +338,43 @@ func TestThinExpandNeedsRoomForMetadata(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// fullStream is a stream of a whole-device raw volume of size bytes, every
+// byte of it data (0xab).
+func fullStream(t *testing.T, size int64) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	h := &StreamHeader{Name: "v", UUID: "0b9d5a10-8c5e-4a57-b1a3-7f3e9c2d4e64", SizeBytes: size, Mode: ModeBlock}
+	sw, err := newStreamWriter(&b, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := bytes.Repeat([]byte{0xab}, maxExtent)
+	for off := int64(0); off < size; off += maxExtent {
+		if err := sw.extent(off, chunk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sw.close(); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// TestImportCountsItsDataOnce: an import needs the room for its volume
+// once. Its data, already in the store's unnamed file when the volume is
+// reserved, is the new volume's own allocation, not space that is gone:
+// a full 64 MiB stream imports into a store with 96 MiB free, overcommit
+// ratio 1.
+func TestImportCountsItsDataOnce(t *testing.T) {
+	const size = 64 << 20
+	s := smallStore(t, "ext4", 256<<20, Options{})
+	fillStore(t, s, size+size/2)
+	v, err := s.Import(context.Background(), bytes.NewReader(fullStream(t, size)), ImportRequest{Name: "i"})
+	if err != nil {
+		t.Fatalf("import of %s with %s free: %v", FormatSize(size), FormatSize(size+size/2), err)
+	}
+	if got := allocated(t, v.BackingFile); got < size {
+		t.Errorf("imported volume allocates %d bytes, want its %d", got, size)
+	}
+}

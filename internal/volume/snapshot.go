@@ -584,7 +584,7 @@ func (s *Store) reserveSnapshot(v *Volume, name string, opts SnapshotOptions) (*
 	if err != nil {
 		return nil, err
 	}
-	if err := s.checkSpaceIn(vols, sns, s.allocated(v.UUID), false); err != nil {
+	if err := s.checkSpaceIn(vols, sns, s.allocated(v.UUID), 0, false); err != nil {
 		return nil, err
 	}
 	dir, err := s.snapDirFD() // made here, the first time

@@ -847,31 +847,37 @@ func (sp *Space) setCapacity() {
 }
 
 // checkSpaceIn refuses growth by delta bytes beyond the policy over vols
-// and sns, as checkSpace says. What the files hold only adds to the
-// capacity, so growth the free space alone allows is let through without
-// measuring them (no FIEMAP of every file); anything else is decided on
-// the full figures, which a refusal names.
-func (s *Store) checkSpaceIn(vols []*Volume, sns []*Snapshot, delta int64, thick bool) error {
-	if s.freeAllows(vols, sns, delta, thick) {
+// and sns, as checkSpace says. own is what the store's filesystem holds
+// for the growth already in a file of no volume (an import's unnamed
+// file, see source.held): it counts as allocated, as it will once the
+// file is the volume's, not as space gone. What the files hold only adds
+// to the capacity, so growth the free space alone allows is let through
+// without measuring them (no FIEMAP of every file); anything else is
+// decided on the full figures, which a refusal names.
+func (s *Store) checkSpaceIn(vols []*Volume, sns []*Snapshot, delta, own int64, thick bool) error {
+	if s.freeAllows(vols, sns, delta, own, thick) {
 		return nil
 	}
 	sp, err := s.spaceOf(vols, sns)
 	if err != nil {
 		return err
 	}
+	sp.AllocatedBytes += own
+	sp.setCapacity()
 	return s.inStore(sp.allows(delta, thick))
 }
 
 // freeAllows reports whether the policy allows growth by delta with no
-// file's allocation counted: spaceOf's figures with AllocatedBytes 0, a
-// capacity never above the full one. It costs a statfs and a stat of
-// each snapshot's file (what a snapshot holds is committed).
-func (s *Store) freeAllows(vols []*Volume, sns []*Snapshot, delta int64, thick bool) bool {
+// volume's or snapshot's allocation counted (own only, as checkSpaceIn
+// says): spaceOf's figures with AllocatedBytes own, a capacity never
+// above the full one. It costs a statfs and a stat of each snapshot's
+// file (what a snapshot holds is committed).
+func (s *Store) freeAllows(vols []*Volume, sns []*Snapshot, delta, own int64, thick bool) bool {
 	var st unix.Statfs_t
 	if err := unix.Statfs(s.root, &st); err != nil {
 		return false
 	}
-	sp := Space{FreeBytes: int64(st.Bavail) * st.Bsize, OvercommitRatio: s.opts.OvercommitRatio}
+	sp := Space{FreeBytes: int64(st.Bavail) * st.Bsize, AllocatedBytes: own, OvercommitRatio: s.opts.OvercommitRatio}
 	for _, v := range vols {
 		sp.CommittedBytes += max(v.SizeBytes, v.ExpandingTo)
 	}
@@ -888,17 +894,17 @@ func (s *Store) checkSpace(delta int64, thick bool) error {
 	if err != nil {
 		return err
 	}
-	return s.checkSpaceOf(vols, delta, thick)
+	return s.checkSpaceOf(vols, delta, 0, thick)
 }
 
 // checkSpaceOf is checkSpace for a caller that listed the volumes (vols)
-// already.
-func (s *Store) checkSpaceOf(vols []*Volume, delta int64, thick bool) error {
+// already, with own as checkSpaceIn says.
+func (s *Store) checkSpaceOf(vols []*Volume, delta, own int64, thick bool) error {
 	sns, err := s.listSnapshots()
 	if err != nil {
 		return err
 	}
-	return s.checkSpaceIn(vols, sns, delta, thick)
+	return s.checkSpaceIn(vols, sns, delta, own, thick)
 }
 
 // allows refuses growth by delta bytes beyond sp, as checkSpace says.
