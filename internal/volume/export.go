@@ -198,9 +198,19 @@ type ImportRequest struct {
 	StreamOptions
 }
 
+// importSpare is what an import leaves free on the store's filesystem for
+// everyone else's writes: the header's check is the overcommit policy's,
+// and a stream says how much data it holds only at its end, so each
+// record must find room beside the spare as it comes (docs/design.md).
+const importSpare = 16 << 20
+
+var importSpareWhat = "the stream's next data and the " + FormatSize(importSpare) + " an import leaves free"
+
 // Import makes a volume named req.Name from the stream r. The stream is
 // written into an unnamed file of the store (O_TMPFILE), its writeback
-// started as it arrives (writebehind.go), and checked completely (format,
+// started as it arrives (writebehind.go), each record only while the
+// store's filesystem has room for it and importSpare (ErrNoSpace
+// otherwise), and checked completely (format,
 // bounds, order, checksum) and flushed before the volume appears;
 // then it goes through Create's steps (state creating, device, identity,
 // unit, ready). A failed import leaves nothing; a killed one leaves
@@ -246,6 +256,9 @@ func (s *Store) Import(ctx context.Context, r io.Reader, req ImportRequest) (*Vo
 		return nil
 	}, func(off int64, data []byte) error {
 		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := s.roomFor(int64(len(data))+importSpare, importSpareWhat); err != nil {
 			return err
 		}
 		for len(data) > 0 {

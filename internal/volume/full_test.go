@@ -378,3 +378,27 @@ func TestImportCountsItsDataOnce(t *testing.T) {
 		t.Errorf("imported volume allocates %d bytes, want its %d", got, size)
 	}
 }
+
+// TestImportStopsBeforeTheStoreIsFull: the check of a stream's header is
+// the overcommit policy's, no reservation: the data that follows must
+// find room as it comes. A full 64 MiB stream into a store with 48 MiB
+// free (ratio 10) is refused with ErrNoSpace while the filesystem keeps
+// importSpare free, instead of filling it (failing every thin volume's
+// writes meanwhile) and meeting ENOSPC; nothing is left.
+func TestImportStopsBeforeTheStoreIsFull(t *testing.T) {
+	const size = 64 << 20
+	s := smallStore(t, "ext4", 256<<20, Options{OvercommitRatio: 10})
+	fillStore(t, s, 48<<20)
+	minFree := freeBytes(t, s)
+	progress := func(done, total int64) { minFree = min(minFree, freeBytes(t, s)) }
+	_, err := s.Import(context.Background(), bytes.NewReader(fullStream(t, size)), ImportRequest{Name: "i", StreamOptions: StreamOptions{Progress: progress}})
+	if !errors.Is(err, ErrNoSpace) || errors.Is(err, unix.ENOSPC) {
+		t.Fatalf("import of %s with 48Mi free = %v; want ErrNoSpace refused before the filesystem is full", FormatSize(size), err)
+	}
+	if minFree < 8<<20 {
+		t.Errorf("the import left %s free on the store's filesystem, want about 16Mi", FormatSize(minFree))
+	}
+	if files, _ := os.ReadDir(s.root); len(files) > 1 { // the lock directory
+		t.Errorf("a refused import left %v", files)
+	}
+}
