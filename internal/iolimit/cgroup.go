@@ -172,16 +172,16 @@ func (c Config) Set(dev uint64, l Limits) (err error) {
 	if err := c.Supported(); err != nil {
 		return err
 	}
-	cg, ok := c.find()
-	if cg == "" {
-		return fmt.Errorf("no cgroup holding pods under %s (%s): kubelet has not made it, or this is not the host's hierarchy (in a pod: mount the host's /sys/fs/cgroup and give --cgroup-mount); name it with --pods-cgroup: %w",
-			c.mount(), strings.Join(podCgroups, ", "), ErrNotSupported)
-	}
 	unlock, err := lockHierarchy(c.mount())
 	if err != nil {
 		return err
 	}
 	defer unlock()
+	cg, ok := c.find()
+	if cg == "" {
+		return fmt.Errorf("no cgroup holding pods under %s (%s): kubelet has not made it, or this is not the host's hierarchy (in a pod: mount the host's /sys/fs/cgroup and give --cgroup-mount); name it with --pods-cgroup: %w",
+			c.mount(), strings.Join(podCgroups, ", "), ErrNotSupported)
+	}
 	var made, enabled []string
 	defer func() {
 		if err != nil {
