@@ -18,7 +18,8 @@ func newSnapshotCommand(g *globals) *cobra.Command {
 of a volume at one point in time. On an XFS (reflink=1) or btrfs store it
 shares every extent with the volume and is instant; elsewhere the volume's
 data is copied (holes stay holes). A mounted filesystem is frozen for the
-copy; a block volume in use is copied as it is (crash-consistent). A
+copy; a block volume in use is copied as it is: crash-consistent on a
+reflink store, torn (parts from different moments) elsewhere. A
 snapshot has no device or unit; make a volume of it with
 ` + "`sparsevol create NAME --from-snapshot SNAPSHOT`" + `, or move it with
 ` + "`sparsevol export`" + `. Snapshots are independent of their volume, which
@@ -38,7 +39,9 @@ func newSnapshotCreateCommand(g *globals) *cobra.Command {
 		Long: `Take a snapshot named NAME of VOLUME (a name or UUID) and print its UUID.
 A mounted filesystem is frozen while its file is copied (at most the
 freeze timeout); an unmounted volume needs nothing; a block volume in use
-is copied crash-consistent. Rerunning it returns the same snapshot. Shows
+is copied crash-consistent on a reflink store and torn elsewhere (a copy
+read over time: stop its writer first). Rerunning it returns the same
+snapshot. Shows
 progress on the copy path when stderr is a terminal.`,
 		Example: `  sparsevol snapshot create data data-monday
   sparsevol snapshot create 6f1c3a52-2f9e-4d7b-9a51-0c7f2d3e4b5a before-upgrade`,
@@ -72,7 +75,9 @@ func newSnapshotListCommand(g *globals) *cobra.Command {
 		Short: "List the store's snapshots",
 		Long: `List the snapshots: source volume, size, what the snapshot's file holds and
 what of it is its own (not shared with the volume or other snapshots:
-what deleting it gives back), how it was taken, and its state.`,
+what deleting it gives back), how it was taken (TAKEN: frozen, quiet,
+crash-consistent, or torn: copied over time while written, parts from
+different moments), and its state.`,
 		Example: `  sparsevol snapshot list
   sparsevol snapshot list -o json | jq '.[] | select(.sourceName == "data")'`,
 		Args: exactArgs(0),

@@ -176,3 +176,44 @@ func opensOneOf(link string, devs map[string]string) bool {
 	_, ok := devs[fmt.Sprintf("%d:%d", stx.Rdev_major, stx.Rdev_minor)]
 	return stx.Mode&unix.S_IFMT == unix.S_IFBLK && ok
 }
+
+// Writes is what the kernel counted of the changes made to a loop
+// device's data (its partitions' count into it): completed writes and
+// discards, the sectors they covered, and the requests in flight.
+// Two equal readings with nothing in flight prove that no write
+// completed, or was under way, in between: a writer that opened the
+// device, wrote and closed between two Busy checks moves them.
+type Writes struct {
+	Writes, WriteSectors, Discards, DiscardSectors, InFlight uint64
+}
+
+// Idle reports whether nothing was in flight when w was read.
+func (w Writes) Idle() bool { return w.InFlight == 0 }
+
+// WritesOf reads the counters of d (/sys/block/loopN/stat). Where the
+// kernel does not count for the device (queue/iostats 0) they would never
+// move, and WritesOf errs: they prove nothing.
+func WritesOf(d *Device) (Writes, error) {
+	dir := fmt.Sprintf("/sys/block/loop%d", d.Number)
+	buf := make([]byte, 256)
+	if v, ok := readSysString(dir+"/queue/iostats", buf); !ok || v != "1" {
+		return Writes{}, fmt.Errorf("write counters of %s: %s/queue/iostats is not 1: the kernel does not count its I/O", d.Path, dir)
+	}
+	v, ok := readSysString(dir+"/stat", buf)
+	if !ok {
+		return Writes{}, fmt.Errorf("write counters of %s: cannot read %s/stat", d.Path, dir)
+	}
+	f := strings.Fields(v)
+	if len(f) < 14 {
+		return Writes{}, fmt.Errorf("write counters of %s: %s/stat has %d fields, want at least 14", d.Path, dir, len(f))
+	}
+	var n [14]uint64
+	for _, i := range []int{4, 6, 8, 11, 13} { // see Documentation/block/stat.rst
+		x, err := strconv.ParseUint(f[i], 10, 64)
+		if err != nil {
+			return Writes{}, fmt.Errorf("write counters of %s: %s/stat: %w", d.Path, dir, err)
+		}
+		n[i] = x
+	}
+	return Writes{Writes: n[4], WriteSectors: n[6], InFlight: n[8], Discards: n[11], DiscardSectors: n[13]}, nil
+}

@@ -66,7 +66,14 @@ func (s *Store) exportVolume(ctx context.Context, uuid string, w io.Writer, opts
 		q.release()
 		h = &StreamHeader{Name: v.Name, UUID: v.UUID, SizeBytes: v.SizeBytes, Mode: v.Mode, FSType: v.FSType,
 			Partitioned: v.Partitioned, BlockSize: v.BlockSize, CreatedAt: v.Created}
-		return writeFile(ctx, w, h, fd, opts.Progress)
+		// The file is read over time: a stream of a volume used or
+		// written meanwhile may be torn, and is left without its end.
+		return writeFile(ctx, w, h, fd, opts.Progress, func() error {
+			if q.settle(CopySparse) != ConsistencyQuiet {
+				return fmt.Errorf("volume %s was used or written while it was read, so the stream may be torn: it is left without its end, which import refuses; stop its users and export again, or `sparsevol snapshot create %s NAME` and export the snapshot: %w", v.Name, v.Name, ErrBusy)
+			}
+			return nil
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("export: %w", err)
@@ -93,7 +100,7 @@ func (s *Store) exportSnapshot(ctx context.Context, sn *Snapshot, w io.Writer, o
 	// (a valid name: readSnapMeta checked it).
 	h := &StreamHeader{Name: sn.SourceName, UUID: sn.SourceUUID, SizeBytes: sn.SizeBytes, Mode: sn.Mode, FSType: sn.FSType,
 		Partitioned: sn.Partitioned, BlockSize: sn.BlockSize, Snapshot: sn.Name, CreatedAt: sn.CreatedAt}
-	if err := writeFile(ctx, w, h, fd, opts.Progress); err != nil {
+	if err := writeFile(ctx, w, h, fd, opts.Progress, nil); err != nil {
 		return nil, fmt.Errorf("export %s: %w", sn.Name, err)
 	}
 	return h, nil
@@ -144,8 +151,10 @@ func (s *Store) CheckStreamTarget(f *os.File) error {
 }
 
 // writeFile streams the data ranges of the open file fd (up to h's size)
-// to w; chunks of zeroes are left out like holes.
-func writeFile(ctx context.Context, w io.Writer, h *StreamHeader, fd int, progress func(done, total int64)) error {
+// to w; chunks of zeroes are left out like holes. settled, if set, is
+// called once the data is written: an error from it is returned and the
+// stream left without its end record, which import refuses.
+func writeFile(ctx context.Context, w io.Writer, h *StreamHeader, fd int, progress func(done, total int64), settled func() error) error {
 	if err := h.check(); err != nil {
 		return fmt.Errorf("%s cannot be exported: %v: %w", h.Name, err, ErrInvalid)
 	}
@@ -177,6 +186,11 @@ func writeFile(ctx context.Context, w io.Writer, h *StreamHeader, fd int, progre
 	})
 	if err != nil {
 		return err
+	}
+	if settled != nil {
+		if err := settled(); err != nil {
+			return err
+		}
 	}
 	if err := sw.close(); err != nil {
 		return fmt.Errorf("write the stream: %w", err)

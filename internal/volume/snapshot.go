@@ -42,11 +42,18 @@ const (
 	// ConsistencyFrozen: the volume's filesystem was mounted and frozen
 	// (FIFREEZE) during the copy: clean, everything written before is in.
 	ConsistencyFrozen Consistency = "frozen"
-	// ConsistencyQuiet: nothing had the volume mounted or open.
+	// ConsistencyQuiet: nothing had the volume mounted or open, and
+	// nothing wrote to it, from before the copy to after it.
 	ConsistencyQuiet Consistency = "quiet"
 	// ConsistencyCrash: a block volume (or an unmounted device) was in
-	// use: the copy is what a power cut would have left.
+	// use or written, and the copy was a clone (CopyReflink), taken at
+	// one instant: it is what a power cut would have left.
 	ConsistencyCrash Consistency = "crash-consistent"
+	// ConsistencyTorn: the volume was in use or written, and the copy
+	// was a sparse copy (CopySparse), which reads the file over time:
+	// its parts may be from different moments, a state no power cut
+	// leaves, which a filesystem or database on it may not recover from.
+	ConsistencyTorn Consistency = "torn"
 )
 
 // Snapshot is a point-in-time copy of a volume.
@@ -478,7 +485,6 @@ func (s *Store) snapshotVolumes(ctx context.Context, vols []*Volume, names []str
 			return nil, err
 		}
 		quiet = append(quiet, q)
-		sns[i].Consistency = q.consistency
 	}
 	crashPoint("snapshot:frozen")
 	dsts := make([]int, 0, len(todo))
@@ -498,6 +504,7 @@ func (s *Store) snapshotVolumes(ctx context.Context, vols []*Volume, names []str
 		copied[k] = time.Since(start)
 		dsts = append(dsts, dst)
 		sns[i].Method = method
+		sns[i].Consistency = quiet[k].settle(method)
 	}
 	crashPoint("snapshot:copied")
 	if snapshotRace != nil {
@@ -770,10 +777,48 @@ func (s *Store) openSnapshot(sn *Snapshot) (int, error) {
 
 // quiesced is a volume made ready for a copy of its backing file.
 type quiesced struct {
+	// consistency is what quiesce found: frozen, quiet (nothing used
+	// the devices), or crash-consistent (something did).
 	consistency Consistency
-	frozen      *frozen
-	store       *Store
-	uuid        string // the volume's, whose freeze note a thaw clears
+	// idle are the devices of a quiet volume with their write counters,
+	// read after their flush, for settle.
+	idle   []idleDevice
+	frozen *frozen
+	store  *Store
+	uuid   string // the volume's, whose freeze note a thaw clears
+}
+
+type idleDevice struct {
+	dev    *loop.Device
+	writes loop.Writes
+}
+
+// settle says what a copy of the volume's file made by method since
+// quiesce is; it is called once the copy is complete, before release.
+// This is the one home of the rule that a label promising one point in
+// time is earned: frozen, as quiesce froze it; quiet only if every device
+// quiesce found unused is unused still and the kernel counted no write
+// to it in between (a writer that opened, wrote and closed between the
+// two Busy checks moves the counters); otherwise crash-consistent for a
+// clone, taken at one instant, and torn for a sparse copy.
+func (q *quiesced) settle(method CopyMethod) Consistency {
+	c := q.consistency
+	if c == ConsistencyQuiet {
+		for _, d := range q.idle {
+			if loop.Busy(d.dev.Path) != nil {
+				c = ConsistencyCrash
+				break
+			}
+			if w, err := loop.WritesOf(d.dev); err != nil || w != d.writes || !w.Idle() {
+				c = ConsistencyCrash
+				break
+			}
+		}
+	}
+	if c == ConsistencyCrash && method != CopyReflink {
+		return ConsistencyTorn
+	}
+	return c
 }
 
 // release thaws what quiesce froze (safe to call more than once) and,
@@ -791,8 +836,10 @@ func (q *quiesced) release() error {
 
 // quiesce makes what the volume's devices (ours, proven by the caller)
 // hold reach the backing file: a mounted filesystem is frozen (which
-// flushes it), and every device's buffers are flushed. The caller holds
-// v's lock and releases the result.
+// flushes it), and every device's buffers are flushed; of a volume
+// nothing uses, the devices' write counters are read then, for settle.
+// The caller holds v's lock, settles the result after its copy where it
+// labels the copy or refuses a torn one, and releases it.
 func (s *Store) quiesce(v *Volume, ours []*loop.Device) (*quiesced, error) {
 	q := &quiesced{consistency: ConsistencyQuiet}
 	if len(ours) == 0 {
@@ -834,6 +881,18 @@ func (s *Store) quiesce(v *Volume, ours []*loop.Device) (*quiesced, error) {
 			q.release()
 			return nil, fmt.Errorf("volume %s: %w", v.Name, err)
 		}
+	}
+	for _, d := range ours {
+		if q.consistency != ConsistencyQuiet {
+			break
+		}
+		w, err := loop.WritesOf(d)
+		if err != nil || !w.Idle() {
+			// Unproven: nothing shows a writer did not come and go.
+			q.consistency = ConsistencyCrash
+			break
+		}
+		q.idle = append(q.idle, idleDevice{d, w})
 	}
 	return q, nil
 }

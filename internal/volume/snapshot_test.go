@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -1049,5 +1050,171 @@ func TestSnapshotDeleteWhileCreating(t *testing.T) {
 				t.Errorf("snapshot directory after the create and the delete: %v, %v; want empty", ents, err)
 			}
 		})
+	}
+}
+
+// rawWriter starts writing counter i to the first 4KiB block of the
+// block device dev, then to its last, i = 1, 2, ...: each write opens the
+// device anew (O_DIRECT|O_DSYNC) and closes it, so the writer is seldom
+// an opener when someone looks. A copy taken at one instant holds first
+// == last or first == last+1; a copy whose last block holds more than its
+// first is torn. The returned function stops the writer and returns how
+// many rounds it completed.
+func rawWriter(t *testing.T, dev string) (rounds func() int64, stop func()) {
+	t.Helper()
+	size, err := loop.Size(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf, err := unix.Mmap(-1, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var done atomic.Int64
+	quit, exited := make(chan struct{}), make(chan error, 1)
+	write := func(off int64) error {
+		fd, err := unix.Open(dev, unix.O_WRONLY|unix.O_DIRECT|unix.O_DSYNC|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		_, err = unix.Pwrite(fd, buf, off)
+		return err
+	}
+	go func() {
+		for i := uint64(1); ; i++ {
+			select {
+			case <-quit:
+				exited <- nil
+				return
+			default:
+			}
+			binary.LittleEndian.PutUint64(buf, i)
+			for _, off := range []int64{0, int64(size) - 4096} {
+				if err := write(off); err != nil {
+					exited <- err
+					return
+				}
+			}
+			done.Store(int64(i))
+		}
+	}()
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		close(quit)
+		if err := <-exited; err != nil {
+			t.Errorf("writer: %v", err)
+		}
+		unix.Munmap(buf)
+	}
+	t.Cleanup(stop)
+	for done.Load() < 20 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	return done.Load, stop
+}
+
+// firstLast reads the counters rawWriter wrote from the first and the
+// last 4KiB block of the file at path.
+func firstLast(t *testing.T, path string) (uint64, uint64) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a, b [8]byte
+	if _, err := f.ReadAt(a[:], 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.ReadAt(b[:], st.Size()-4096); err != nil {
+		t.Fatal(err)
+	}
+	return binary.LittleEndian.Uint64(a[:]), binary.LittleEndian.Uint64(b[:])
+}
+
+// TestSnapshotLabelUnderRawWriter: a snapshot of a block volume that a
+// writer writes throughout, opening the device anew for each write (so
+// a look at one moment finds it unused), is never labelled quiet: on a
+// reflink store it is crash-consistent (a clone is taken at one
+// instant), on a copy store torn (the copy reads the file over time),
+// and a copy that holds a state no crash leaves is always labelled torn.
+func TestSnapshotLabelUnderRawWriter(t *testing.T) {
+	want := map[CopyMethod]Consistency{CopyReflink: ConsistencyCrash, CopySparse: ConsistencyTorn}
+	for _, sk := range storeKinds {
+		t.Run(sk.fs+"-store", func(t *testing.T) {
+			s := fsStore(t, sk.fs, Options{})
+			ctx := context.Background()
+			v := mustCreate(t, s, CreateRequest{Name: "w", SizeBytes: 150 << 20, Mode: ModeBlock, NoPartition: true, KeepAttached: true})
+			st, err := s.Status(v.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			payload := make([]byte, 150<<20)
+			rand.Read(payload)
+			writeData(t, v, st, payload)
+			rounds, stop := rawWriter(t, st.DataDevice)
+			before := rounds()
+			sn, err := s.CreateSnapshot(ctx, v.Name, "s1", SnapshotOptions{})
+			after := rounds()
+			stop()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if after <= before {
+				t.Fatalf("the writer completed no round during the snapshot (%d, %d)", before, after)
+			}
+			first, last := firstLast(t, s.snapPath(sn.UUID))
+			t.Logf("consistency %s, method %s, first %d, last %d, writer rounds %d..%d", sn.Consistency, sn.Method, first, last, before, after)
+			if last > first && sn.Consistency != ConsistencyTorn {
+				t.Errorf("the copy is torn (first block %d, last %d) but labelled %s", first, last, sn.Consistency)
+			}
+			if sn.Method != sk.method || sn.Consistency != want[sk.method] {
+				t.Errorf("snapshot taken %s by %s under a writer, want %s by %s", sn.Consistency, sn.Method, want[sk.method], sk.method)
+			}
+			if err := s.DeleteSnapshot(ctx, sn.UUID); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Delete(ctx, v.Name, DetachOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestExportUnderRawWriter: an export of a block volume that a writer
+// writes throughout, opening the device anew for each write, fails with
+// ErrBusy and leaves a stream that import refuses (no end record).
+func TestExportUnderRawWriter(t *testing.T) {
+	s := fsStore(t, "ext4", Options{})
+	ctx := context.Background()
+	v := mustCreate(t, s, CreateRequest{Name: "w", SizeBytes: 64 << 20, Mode: ModeBlock, NoPartition: true, KeepAttached: true})
+	st, err := s.Status(v.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload := make([]byte, 64<<20)
+	rand.Read(payload)
+	writeData(t, v, st, payload)
+	_, stop := rawWriter(t, st.DataDevice)
+	var stream bytes.Buffer
+	_, err = s.Export(ctx, v.Name, &stream, StreamOptions{})
+	stop()
+	if !errors.Is(err, ErrBusy) {
+		t.Errorf("export under a writer = %v, want ErrBusy", err)
+	}
+	if _, rerr := readStream(&stream, func(*StreamHeader) error { return nil }, func(int64, []byte) error { return nil }); rerr == nil {
+		t.Errorf("the stream of the export under a writer (%d bytes) reads as complete", stream.Len())
+	}
+	if err := s.Delete(ctx, v.Name, DetachOptions{}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -280,7 +280,7 @@ func streamOfImage(t *testing.T, path string, h *StreamHeader) *bytes.Buffer {
 	}
 	defer f.Close()
 	var b bytes.Buffer
-	if err := writeFile(context.Background(), &b, h, int(f.Fd()), nil); err != nil {
+	if err := writeFile(context.Background(), &b, h, int(f.Fd()), nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	return &b
