@@ -101,13 +101,7 @@ func NoRoom(err error) bool {
 // not followed, and anything but a regular file with one link is refused
 // before a byte is written (errors are *os.PathError).
 func Overwrite(path string, data []byte) error {
-	// Proven on an O_PATH descriptor, which opens nothing a device node
-	// or FIFO would notice, then reopened for writing through it.
-	pfd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return &os.PathError{Op: "open", Path: path, Err: err}
-	}
-	pfd, err = CheckFD(pfd, func(st *unix.Stat_t) error {
+	fd, _, err := openProven(path, unix.O_NOFOLLOW, unix.O_WRONLY, func(st *unix.Stat_t) error {
 		if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 1 {
 			return &os.PathError{Op: "overwrite", Path: path, Err: errNotSoleRegular}
 		}
@@ -115,11 +109,6 @@ func Overwrite(path string, data []byte) error {
 	})
 	if err != nil {
 		return err
-	}
-	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), unix.O_WRONLY|unix.O_CLOEXEC, 0)
-	unix.Close(pfd)
-	if err != nil {
-		return &os.PathError{Op: "open", Path: path, Err: err}
 	}
 	defer unix.Close(fd)
 	for off := 0; off < len(data); {
@@ -178,10 +167,11 @@ func fsync(fd int, path string) error {
 // ReadRegular returns the content of the regular file path, as
 // os.ReadFile does (its errors are *os.PathError), read through a plain
 // fd (a regular file needs no poller). What is there is input, not
-// trusted: a final symbolic link is not followed (ELOOP), anything but a
-// regular file is refused before a byte is read (a FIFO would block the
-// caller for good, a device node would be read), and so is a file of
-// more than limit bytes.
+// trusted: a final symbolic link is not followed, anything but a regular
+// file is refused before it is opened (openProven: opening a FIFO wakes
+// its writer, a device node's open arms a watchdog or holds a loop
+// device, a terminal's may make it the controlling one), and so is a
+// file of more than limit bytes.
 func ReadRegular(path string, limit int64) ([]byte, error) {
 	return readRegular(path, limit, unix.O_NOFOLLOW, nil)
 }
@@ -212,29 +202,27 @@ func ReadRegularFollowing(path string, limit int64) ([]byte, error) {
 // whether a final symbolic link is followed and check, if set, what else
 // the open regular file must be.
 func readRegular(path string, limit int64, follow int, check func(st *unix.Stat_t) error) ([]byte, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|follow|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-	if errors.Is(err, unix.ELOOP) && follow != 0 {
-		err = errSymlink
-	}
+	fd, st, err := openProven(path, follow, unix.O_RDONLY, func(st *unix.Stat_t) error {
+		switch {
+		case st.Mode&unix.S_IFMT == unix.S_IFLNK:
+			return &os.PathError{Op: "open", Path: path, Err: errSymlink}
+		case st.Mode&unix.S_IFMT != unix.S_IFREG:
+			return &os.PathError{Op: "read", Path: path, Err: errNotRegular}
+		}
+		if check != nil {
+			if err := check(st); err != nil {
+				return &os.PathError{Op: "read", Path: path, Err: err}
+			}
+		}
+		if st.Size > limit {
+			return &os.PathError{Op: "read", Path: path, Err: fmt.Errorf("%d bytes, more than %d", st.Size, limit)}
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+		return nil, err
 	}
 	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, &os.PathError{Op: "stat", Path: path, Err: err}
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, &os.PathError{Op: "read", Path: path, Err: errNotRegular}
-	}
-	if check != nil {
-		if err := check(&st); err != nil {
-			return nil, &os.PathError{Op: "read", Path: path, Err: err}
-		}
-	}
-	if st.Size > limit {
-		return nil, &os.PathError{Op: "read", Path: path, Err: fmt.Errorf("%d bytes, more than %d", st.Size, limit)}
-	}
 	data := make([]byte, 0, max(st.Size, 0)+1)
 	for {
 		if len(data) == cap(data) {
@@ -254,6 +242,34 @@ func readRegular(path string, limit int64, follow int, check func(st *unix.Stat_
 		}
 		data = data[:len(data)+n]
 	}
+}
+
+// openProven opens path with O_PATH (and follow: 0, or O_NOFOLLOW to
+// open a final symbolic link itself), which opens nothing a device node,
+// FIFO or terminal would notice, runs check on what that descriptor
+// names (its errors are returned as they are), and only then opens that
+// same inode with flags (O_RDONLY or O_WRONLY; O_NOCTTY and O_CLOEXEC are
+// added) through /proc/self/fd: a file swapped under the name in between
+// is not opened instead. It returns the fd, which the caller closes, and
+// what check saw.
+func openProven(path string, follow, flags int, check func(st *unix.Stat_t) error) (int, unix.Stat_t, error) {
+	var st unix.Stat_t
+	pfd, err := unix.Open(path, unix.O_PATH|follow|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, st, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(pfd)
+	if err := unix.Fstat(pfd, &st); err != nil {
+		return -1, st, &os.PathError{Op: "stat", Path: path, Err: err}
+	}
+	if err := check(&st); err != nil {
+		return -1, st, err
+	}
+	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), flags|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, st, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	return fd, st, nil
 }
 
 // CreateMarker makes path an empty regular file if nothing is there, and

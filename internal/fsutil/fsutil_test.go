@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -291,5 +292,67 @@ func TestOverwrite(t *testing.T) {
 				t.Errorf("file holds %q, same inode %v; want \"new\" in place", got, os.SameFile(before, after))
 			}
 		})
+	}
+}
+
+// TestReadRegularOpensNothingElse: the readers refuse a FIFO without
+// opening it, which a device node's open would notice alike (a watchdog
+// armed, a loop device held, a terminal made the controlling one): a
+// writer blocked in opening the FIFO is not woken, as a reader's open
+// would wake it.
+func TestReadRegularOpensNothingElse(t *testing.T) {
+	readers := []struct {
+		name string
+		read func(path string) ([]byte, error)
+	}{
+		{"ReadRegular", func(p string) ([]byte, error) { return ReadRegular(p, 1<<20) }},
+		{"ReadOwnRegular", func(p string) ([]byte, error) { return ReadOwnRegular(p, 1<<20) }},
+		{"ReadRegularFollowing", func(p string) ([]byte, error) { return ReadRegularFollowing(p, 1<<20) }},
+	}
+	for _, r := range readers {
+		t.Run(r.name, func(t *testing.T) {
+			fifo := filepath.Join(t.TempDir(), "fifo")
+			if err := unix.Mkfifo(fifo, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			opened := make(chan int, 1)
+			go func() {
+				fd, _ := unix.Open(fifo, unix.O_WRONLY|unix.O_CLOEXEC, 0) // blocks until a reader opens
+				opened <- fd
+			}()
+			t.Cleanup(func() {
+				// Release the writer if it still waits.
+				if fd, err := unix.Open(fifo, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0); err == nil {
+					if wfd := <-opened; wfd >= 0 {
+						unix.Close(wfd)
+					}
+					unix.Close(fd)
+				}
+			})
+			time.Sleep(100 * time.Millisecond) // the writer is waiting in open
+			if data, err := r.read(fifo); !errors.Is(err, errNotRegular) {
+				t.Errorf("read FIFO = %d bytes, %v; want errNotRegular", len(data), err)
+			}
+			select {
+			case fd := <-opened:
+				opened <- fd
+				t.Errorf("reading the FIFO opened it: its writer's open returned")
+			case <-time.After(200 * time.Millisecond):
+			}
+		})
+	}
+}
+
+// BenchmarkReadRegular reads a record-sized file the way readMeta reads
+// each volume's record at boot.
+func BenchmarkReadRegular(b *testing.B) {
+	path := filepath.Join(b.TempDir(), "r.json")
+	if err := os.WriteFile(path, make([]byte, 700), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := ReadRegular(path, 1<<20); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
