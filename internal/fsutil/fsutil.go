@@ -274,26 +274,37 @@ func openProven(path string, follow, flags int, check func(st *unix.Stat_t) erro
 
 // CreateMarker makes path an empty regular file if nothing is there, and
 // leaves a regular file that is there as it is: a marker whose existence
-// is all it says. Whatever is at path is input, not trusted: a final
-// symbolic link is not followed (nothing is created or truncated where
-// it points), a FIFO is not waited on, and anything but a regular file is
-// refused (errors are *os.PathError). The caller makes the directory.
+// is all it says. Whatever is at path is input, not trusted, and never
+// opened: the marker is made with O_EXCL (which follows no link), and
+// what was there already is looked at through O_PATH only, so a symbolic
+// link is refused (nothing is created or truncated where it points), and
+// so is anything but a regular file, a FIFO without being waited on, a
+// device node without being opened for writing (which would arm a
+// watchdog). Errors are *os.PathError. The caller makes the directory.
 func CreateMarker(path string) error {
-	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o644)
-	if errors.Is(err, unix.ELOOP) {
-		err = errSymlink
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_NOCTTY|unix.O_CLOEXEC, 0o644)
+	if errors.Is(err, unix.EEXIST) {
+		pfd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return &os.PathError{Op: "open", Path: path, Err: err}
+		}
+		pfd, err = CheckFD(pfd, func(st *unix.Stat_t) error {
+			switch st.Mode & unix.S_IFMT {
+			case unix.S_IFREG:
+				return nil
+			case unix.S_IFLNK:
+				return &os.PathError{Op: "create", Path: path, Err: errSymlink}
+			}
+			return &os.PathError{Op: "create", Path: path, Err: errNotRegular}
+		})
+		if err != nil {
+			return err
+		}
+		unix.Close(pfd)
+		return nil
 	}
 	if err != nil {
 		return &os.PathError{Op: "create", Path: path, Err: err}
-	}
-	_, err = CheckFD(fd, func(st *unix.Stat_t) error {
-		if st.Mode&unix.S_IFMT != unix.S_IFREG {
-			return &os.PathError{Op: "create", Path: path, Err: errNotRegular}
-		}
-		return nil
-	})
-	if err != nil {
-		return err
 	}
 	if err := unix.Close(fd); err != nil {
 		return &os.PathError{Op: "close", Path: path, Err: err}

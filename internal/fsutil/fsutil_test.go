@@ -205,6 +205,21 @@ func TestCreateMarker(t *testing.T) {
 	}
 }
 
+// TestCreateMarkerOpensNothingElse: CreateMarker refuses a FIFO at the
+// marker's path without opening it, which a device node's open would
+// notice alike (a watchdog armed by an open for writing): a reader
+// blocked in opening the FIFO is not woken, as a writer's open would
+// wake it.
+func TestCreateMarkerOpensNothingElse(t *testing.T) {
+	fifo, woken := waitingFIFO(t, unix.O_RDONLY)
+	if err := CreateMarker(fifo); !errors.Is(err, errNotRegular) {
+		t.Errorf("CreateMarker on a FIFO = %v, want errNotRegular", err)
+	}
+	if woken() {
+		t.Errorf("CreateMarker opened the FIFO: its reader's open returned")
+	}
+}
+
 // TestCheckFD: a passing check hands the fd back open; a failing one
 // returns its error with the fd closed.
 func TestCheckFD(t *testing.T) {
@@ -311,35 +326,55 @@ func TestReadRegularOpensNothingElse(t *testing.T) {
 	}
 	for _, r := range readers {
 		t.Run(r.name, func(t *testing.T) {
-			fifo := filepath.Join(t.TempDir(), "fifo")
-			if err := unix.Mkfifo(fifo, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			opened := make(chan int, 1)
-			go func() {
-				fd, _ := unix.Open(fifo, unix.O_WRONLY|unix.O_CLOEXEC, 0) // blocks until a reader opens
-				opened <- fd
-			}()
-			t.Cleanup(func() {
-				// Release the writer if it still waits.
-				if fd, err := unix.Open(fifo, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0); err == nil {
-					if wfd := <-opened; wfd >= 0 {
-						unix.Close(wfd)
-					}
-					unix.Close(fd)
-				}
-			})
-			time.Sleep(100 * time.Millisecond) // the writer is waiting in open
+			fifo, woken := waitingFIFO(t, unix.O_WRONLY)
 			if data, err := r.read(fifo); !errors.Is(err, errNotRegular) {
 				t.Errorf("read FIFO = %d bytes, %v; want errNotRegular", len(data), err)
 			}
-			select {
-			case fd := <-opened:
-				opened <- fd
+			if woken() {
 				t.Errorf("reading the FIFO opened it: its writer's open returned")
-			case <-time.After(200 * time.Millisecond):
 			}
 		})
+	}
+}
+
+// waitingFIFO makes a FIFO with a partner blocked in opening it with
+// flags (O_WRONLY or O_RDONLY), which only an open of the other end
+// wakes. woken reports whether that happened since.
+func waitingFIFO(t *testing.T, flags int) (fifo string, woken func() bool) {
+	t.Helper()
+	fifo = filepath.Join(t.TempDir(), "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opened := make(chan int, 1)
+	go func() {
+		fd, _ := unix.Open(fifo, flags|unix.O_CLOEXEC, 0) // blocks for the other end
+		opened <- fd
+	}()
+	t.Cleanup(func() {
+		// Release the partner if it still waits: a reader's open
+		// never blocks with O_NONBLOCK, a writer's fails without a
+		// reader, so the partner's end is opened as the releaser.
+		other := unix.O_RDONLY | unix.O_NONBLOCK
+		if flags == unix.O_RDONLY {
+			other = unix.O_WRONLY | unix.O_NONBLOCK
+		}
+		if fd, err := unix.Open(fifo, other|unix.O_CLOEXEC, 0); err == nil {
+			if pfd := <-opened; pfd >= 0 {
+				unix.Close(pfd)
+			}
+			unix.Close(fd)
+		}
+	})
+	time.Sleep(100 * time.Millisecond) // the partner is waiting in open
+	return fifo, func() bool {
+		select {
+		case fd := <-opened:
+			opened <- fd
+			return true
+		case <-time.After(200 * time.Millisecond):
+			return false
+		}
 	}
 }
 
