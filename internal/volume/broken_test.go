@@ -246,6 +246,9 @@ var snapshotFieldCorruptions = []fieldCorruption{
 	{"no source name", "sourceName", "", "source: name is empty"},
 	{"group with a slash", "group", "a/b", `group: name "a/b" contains '/'`},
 	{"group with an escape", "group", "g\x1b[2J", "group: name"},
+	{"consistency with an escape", "consistency", "\x1b[2J\nFAKE ready", `consistency "\x1b[2J\nFAKE ready"`},
+	{"consistency unknown", "consistency", "perfect", `consistency "perfect"`},
+	{"copy method unknown", "method", "teleport", `copy method "teleport"`},
 }
 
 // volumeFieldCorruptions are corruptions of fields only volume records

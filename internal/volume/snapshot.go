@@ -171,7 +171,8 @@ func (s *Store) readSnapMeta(uuid string) (*Snapshot, error) {
 // record holds (checkStoredState), the source volume's UUID (ValidUUID, as
 // every volume's) and name (ValidateName, as every volume's), a group
 // named as CreateSnapshotGroup names one (or none), labels as
-// ValidateLabels admits them, and a valid name. The error carries no error
+// ValidateLabels admits them, a consistency and a copy method the store
+// gives (or none, as records before them), and a valid name. The error carries no error
 // class; readSnapMeta makes it ErrBroken.
 func (sn *Snapshot) check() error {
 	if err := checkLayout(sn.Mode, sn.FSType, sn.Partitioned, sn.SizeBytes, sn.BlockSize, sizeKept); err != nil {
@@ -193,6 +194,16 @@ func (sn *Snapshot) check() error {
 	}
 	if err := ValidateLabels(sn.Labels); err != nil {
 		return unclassified(err)
+	}
+	switch sn.Consistency {
+	case "", ConsistencyFrozen, ConsistencyQuiet, ConsistencyCrash, ConsistencyTorn:
+	default:
+		return fmt.Errorf("consistency %s is none a snapshot is taken with", Quote(string(sn.Consistency)))
+	}
+	switch sn.Method {
+	case "", CopyReflink, CopySparse:
+	default:
+		return fmt.Errorf("copy method %s is none a snapshot is copied with", Quote(string(sn.Method)))
 	}
 	return unclassified(ValidateName(sn.Name))
 }
