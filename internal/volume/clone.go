@@ -251,7 +251,10 @@ func (s *Store) copyFromSnapshot(ctx context.Context, dst int, sn *Snapshot, pro
 }
 
 // copyFromVolume copies the backing file of src's volume into dst,
-// quiescing it (a mounted filesystem is frozen) for the copy. The caller
+// quiescing it (a mounted filesystem is frozen) for the copy. A copy that
+// may be torn (quiesced.settle: a volume in use and written, copied
+// over time) is refused with ErrBusy: a clone carries no label saying
+// so. The caller
 // holds the volume's lock; the volume is read again under it, and one
 // that is no longer ready or no longer of the size src was resolved at
 // (expanded since) is ErrNotReady.
@@ -277,8 +280,13 @@ func (s *Store) copyFromVolume(ctx context.Context, dst int, src *source, progre
 		return err
 	}
 	defer q.release()
-	if _, err := s.copyFile(ctx, dst, fd, v.SizeBytes, progress); err != nil {
+	method, err := s.copyFile(ctx, dst, fd, v.SizeBytes, progress)
+	if err != nil {
 		return fmt.Errorf("copy volume %s: %w", v.Name, err)
+	}
+	if q.settle(method) == ConsistencyTorn {
+		return fmt.Errorf("volume %s was in use and written while it was copied, and this store copies a file over time (its filesystem has no reflink), so the clone may be torn: "+
+			"stop what writes to it and clone again, or keep clones of volumes in use on a store on XFS: %w", v.Name, ErrBusy)
 	}
 	return q.release()
 }

@@ -1190,6 +1190,47 @@ func TestSnapshotLabelUnderRawWriter(t *testing.T) {
 	}
 }
 
+// TestCloneUnderRawWriter: a clone of a block volume that a writer
+// writes throughout (a new open per write) is made where the store clones
+// a file at one instant (reflink), and refused with ErrBusy, leaving no
+// volume, where it copies over time: a clone carries no label, and a
+// torn one would pass for the volume's state.
+func TestCloneUnderRawWriter(t *testing.T) {
+	for _, sk := range storeKinds {
+		t.Run(sk.fs+"-store", func(t *testing.T) {
+			s := fsStore(t, sk.fs, Options{})
+			ctx := context.Background()
+			v := mustCreate(t, s, CreateRequest{Name: "w", SizeBytes: 64 << 20, Mode: ModeBlock, NoPartition: true, KeepAttached: true})
+			st, err := s.Status(v.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			payload := make([]byte, 64<<20)
+			rand.Read(payload)
+			writeData(t, v, st, payload)
+			_, stop := rawWriter(t, st.DataDevice)
+			c, err := s.Create(ctx, CreateRequest{Name: "c", CloneOf: v.Name})
+			stop()
+			switch {
+			case sk.method == CopyReflink && err != nil:
+				t.Errorf("clone on a reflink store under a writer: %v", err)
+			case sk.method == CopySparse && !errors.Is(err, ErrBusy):
+				t.Errorf("clone on a %s store under a writer = %+v, %v; want ErrBusy", sk.method, c, err)
+			}
+			if sk.method == CopySparse {
+				if vols, err := s.List(); err != nil || len(vols) != 1 {
+					t.Errorf("after the refused clone the store lists %d volumes (%v), want the source only", len(vols), err)
+				}
+			}
+			for _, name := range []string{"c", "w"} {
+				if err := s.Delete(ctx, name, DetachOptions{}); err != nil && !errors.Is(err, ErrNotFound) {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
 // TestExportUnderRawWriter: an export of a block volume that a writer
 // writes throughout, opening the device anew for each write, fails with
 // ErrBusy and leaves a stream that import refuses (no end record).
