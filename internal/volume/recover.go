@@ -62,7 +62,7 @@ func (s *Store) Recover(ctx context.Context, ref string, opts RecoverOptions) (*
 			return fmt.Errorf("recover %s: %w (unmount it first: a copy of a mounted filesystem is not consistent)", v.Name, err)
 		}
 		dev := ours[0]
-		if err := s.copyOut(ctx, v, dev, opts); err != nil {
+		if err := s.copyOut(ctx, v, dev, opts, s.unwrittenSince(ours)); err != nil {
 			return fmt.Errorf("recover %s: %w", v.Name, err)
 		}
 		for _, d := range ours {
@@ -85,12 +85,13 @@ func (s *Store) Recover(ctx context.Context, ref string, opts RecoverOptions) (*
 }
 
 // copyOut copies dev (held while it is read) into a temporary file of the
-// store and renames it to <root>/<uuid>. It reads the device once for the
+// store and, once unwritten says nothing wrote to the volume's devices
+// meanwhile, renames it to <root>/<uuid>. It reads the device once for the
 // chunks that hold data (deviceData) and refuses, before it creates
 // anything, a copy the store's filesystem has not the room for (roomFor,
 // ErrNoSpace); then it copies those chunks (copyRanges), so the copy is
 // sparse.
-func (s *Store) copyOut(ctx context.Context, v *Volume, dev *loop.Device, opts RecoverOptions) error {
+func (s *Store) copyOut(ctx context.Context, v *Volume, dev *loop.Device, opts RecoverOptions, unwritten func() error) error {
 	held, err := loop.Hold(dev.Path, v.owner(dev.Backing))
 	if err != nil {
 		return err
@@ -157,11 +158,46 @@ func (s *Store) copyOut(ctx context.Context, v *Volume, dev *loop.Device, opts R
 	if err := flushCopy(fd, CopySparse); err != nil {
 		return err
 	}
+	if err := unwritten(); err != nil {
+		return err
+	}
 	if err := unix.Renameat2(dir, tmp, dir, v.UUID, unix.RENAME_NOREPLACE); err != nil {
 		return fmt.Errorf("rename %s to %s: %w", tmp, v.BackingFile, err)
 	}
 	done = true
 	return fsutil.SyncDir(s.root)
+}
+
+// unwrittenSince reads the write counters of devs (an orphaned volume's
+// devices, found unused) and returns the check that, after a copy, no
+// write reached them: the copy then holds all they hold, and their
+// detach loses nothing. A writer that came and went meanwhile (one that
+// opens the device for each write is seldom an opener at Busy's look)
+// moves the counters: ErrBusy, the copy is not used. Readers do not
+// matter, and the copy's own exclusive open of the device keeps mounts
+// out. Where the kernel keeps no counters for a device, nothing is
+// checked after the copy, and the log says so.
+func (s *Store) unwrittenSince(devs []*loop.Device) func() error {
+	before := make([]*loop.Writes, len(devs))
+	for i, d := range devs {
+		w, err := loop.WritesOf(d)
+		if err != nil {
+			s.log.Warn("recover cannot tell writes to the device from its counters; it checks for users only", "device", d.Path, "error", err)
+			continue
+		}
+		before[i] = &w
+	}
+	return func() error {
+		for i, d := range devs {
+			if before[i] == nil {
+				continue
+			}
+			if w, err := loop.WritesOf(d); err != nil || w != *before[i] || !w.Idle() {
+				return fmt.Errorf("%s was written while it was copied, so the copy may miss what was written: stop the writer and recover again: %w", d.Path, ErrBusy)
+			}
+		}
+		return nil
+	}
 }
 
 // dataRange is a range [start, end) of a device that holds data.

@@ -128,3 +128,34 @@ func TestRecoverRefusesState(t *testing.T) {
 		})
 	}
 }
+
+// TestRecoverRefusesAWrittenDevice: a writer that opens the orphan's
+// device for each write is seldom an opener when recover looks, but what
+// it writes during the copy would be lost with the device: recover
+// refuses with ErrBusy, the device keeps the data and no backing file
+// appears. Once the writer stops, recover copies everything.
+func TestRecoverRefusesAWrittenDevice(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, Options{})
+	data := make([]byte, 64<<20)
+	rand.New(rand.NewSource(1)).Read(data)
+	dev := orphan(t, s, "v", 64<<20, data)
+	t.Cleanup(func() { s.Delete(ctx, "v", DetachOptions{Force: true}) })
+	rounds, stop := rawWriter(t, dev)
+	before := rounds()
+	_, err := s.Recover(ctx, "v", RecoverOptions{})
+	after := rounds()
+	stop()
+	if after <= before {
+		t.Fatalf("the writer completed no round during the recover (%d, %d)", before, after)
+	}
+	if !errors.Is(err, ErrBusy) {
+		t.Fatalf("recover while the device is written = %v, want ErrBusy", err)
+	}
+	if st, err := s.Status("v"); err != nil || st.State != StateOrphaned || st.Device != dev {
+		t.Fatalf("after the refusal: %+v, %v; want orphaned on %s", st, err, dev)
+	}
+	if _, err := s.Recover(ctx, "v", RecoverOptions{}); err != nil {
+		t.Fatalf("recover once the writer stopped: %v", err)
+	}
+}
