@@ -219,6 +219,10 @@ func TestImportLeftCreatingIsNotCreated(t *testing.T) {
 			if st := volumeNamed(t, root, "i"); st.State != volume.StateCreating {
 				t.Fatalf("after the refused create: state %s, want %s", st.State, volume.StateCreating)
 			}
+			r = sparsevol(t, root, nil, "attach", "i")
+			if r.code == 0 || !strings.Contains(r.stderr, "then import again") {
+				t.Fatalf("attach of an unfinished import: exit %d, want a refusal advising delete and import: %s", r.code, r.stderr)
+			}
 			mustRun(t, root, "delete", "i")
 			sparsevolIn(t, root, stream, nil, "import", "i", "--no-start")
 			got, err := os.ReadFile(volumeNamed(t, root, "i").BackingFile)

@@ -435,7 +435,7 @@ func (s *Store) AttachDevice(ctx context.Context, ref string) (v *Volume, device
 // fresh says this call bound the device.
 func (s *Store) attachLocked(ctx context.Context, v *Volume) (dev *loop.Device, fresh bool, err error) {
 	if v.State != StateReady {
-		return nil, false, fmt.Errorf("attach %s: state %s: %w (rerun create, or delete it)", v.Name, v.State, ErrNotReady)
+		return nil, false, fmt.Errorf("attach %s: state %s: %w (%s)", v.Name, v.State, ErrNotReady, v.finishAdvice())
 	}
 	dev, fresh, err = s.attachDevice(v)
 	if err != nil {
@@ -560,7 +560,7 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 		}
 		if v.State != StateReady {
 			if uuids != nil {
-				errs = append(errs, fmt.Errorf("attach %s: state %s: %w (rerun create, or delete it)", v.Name, v.State, ErrNotReady))
+				errs = append(errs, fmt.Errorf("attach %s: state %s: %w (%s)", v.Name, v.State, ErrNotReady, v.finishAdvice()))
 			}
 			continue
 		}

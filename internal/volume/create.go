@@ -212,12 +212,15 @@ func (s *Store) Create(ctx context.Context, req CreateRequest) (*Volume, error) 
 	return v, nil
 }
 
-// finishAdvice says how v, left creating by a crash, is finished or
-// removed: the same create again, or delete; an import's only by delete
-// (a create never finishes it, see source.matches), and a rerun of the
-// import after.
+// finishAdvice says how v, left unready by a crash, is finished or
+// removed: a create's by the same create again, or delete; an import's
+// only by delete (a create never finishes it, see source.matches), and a
+// rerun of the import after; a delete's by delete again.
 func (v *Volume) finishAdvice() string {
-	if v.Imported {
+	switch {
+	case v.State == StateDeleting:
+		return fmt.Sprintf("a delete left unfinished: rerun `sparsevol delete %s`", v.Name)
+	case v.Imported:
 		return fmt.Sprintf("an import left unfinished: `sparsevol delete %s`, then import again", v.Name)
 	}
 	return "a create left unfinished: rerun the same create, or delete it"
