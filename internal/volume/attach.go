@@ -473,8 +473,11 @@ func (s *Store) AttachAll(ctx context.Context) ([]*Status, error) {
 // the loop devices once, binds the missing ones in parallel and waits for
 // udev once, so its cost does not grow with the square of the number of
 // volumes. Errors of single volumes are collected; the others are still
-// attached. Volumes not ready are skipped with nil refs and an error when
-// named.
+// attached: a volume whose lock cannot be taken is left out with its
+// error, and one whose lock another process holds is waited for (bounded
+// by ctx) after the others are attached. Volumes not ready are skipped
+// with nil refs and an error when named. ctx's deadline, or else
+// Options.UdevTimeout, bounds the udev wait.
 func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error) {
 	var errs []error
 	var uuids []string
@@ -496,11 +499,44 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 			return nil, errors.Join(errs...)
 		}
 	}
-	locked, err := s.lockAll(uuids)
+	// First the volumes nobody else holds, then, with none held, the busy
+	// ones: one held by another process does not keep the rest waiting.
+	locked, failed, err := s.lockEach(uuids, s.tryLock)
 	if err != nil {
 		return nil, errors.Join(append(errs, err)...)
 	}
-	defer unlockAll(locked)
+	var busy []string
+	for _, f := range failed {
+		if errors.Is(f.err, unix.EWOULDBLOCK) {
+			busy = append(busy, f.uuid)
+		} else {
+			errs = append(errs, fmt.Errorf("attach: %w", f.err))
+		}
+	}
+	out, attachErrs := s.attachBatch(ctx, locked, uuids != nil)
+	unlockAll(locked)
+	errs = append(errs, attachErrs...)
+	if len(busy) > 0 {
+		s.log.Info("waiting for volumes another process holds", "volumes", len(busy))
+		locked, failed, _ := s.lockEach(busy, s.lockUntil(ctx))
+		for _, f := range failed {
+			errs = append(errs, fmt.Errorf("attach: %w", f.err))
+		}
+		more, attachErrs := s.attachBatch(ctx, locked, uuids != nil)
+		unlockAll(locked)
+		out = append(out, more...)
+		errs = append(errs, attachErrs...)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	s.log.Info("volumes attached", "volumes", len(out))
+	return out, errors.Join(errs...)
+}
+
+// attachBatch is AttachMany's pass over the volumes whose locks the
+// caller holds (locked) and keeps; named says the volumes were named,
+// so that one deleted or not ready is an error, not skipped.
+func (s *Store) attachBatch(ctx context.Context, locked []lockedVolume, named bool) ([]*Status, []error) {
+	var errs []error
 	// Add the devices the binds below will need while the metadata is
 	// read, so udev handles their "add" while they are empty (see
 	// loop.Reserve). Every bound device counts as one of ours: a foreign
@@ -546,12 +582,12 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 	}
 	bound, err := loop.Bound(ids...)
 	if err != nil {
-		return nil, err
+		return nil, []error{err}
 	}
 	fds := map[*Volume]int{}
 	for _, r := range reads {
 		v, err := r.v, r.err
-		if errors.Is(err, ErrNotFound) && uuids == nil {
+		if errors.Is(err, ErrNotFound) && !named {
 			continue // deleted since the listing
 		}
 		if err != nil {
@@ -559,7 +595,7 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 			continue
 		}
 		if v.State != StateReady {
-			if uuids != nil {
+			if named {
 				errs = append(errs, fmt.Errorf("attach %s: state %s: %w (%s)", v.Name, v.State, ErrNotReady, v.finishAdvice()))
 			}
 			continue
@@ -643,10 +679,7 @@ func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error
 	parallel.For(len(vols), publishWorkers, func(i int) {
 		out[i] = s.status(vols[i], []*loop.Device{attached[vols[i]]}, mounts)
 	})
-	errs = append(errs, volErrs...)
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	s.log.Info("volumes attached", "volumes", len(out))
-	return out, errors.Join(errs...)
+	return out, append(errs, volErrs...)
 }
 
 // DetachOptions tune Detach and Delete.
@@ -669,15 +702,18 @@ func (s *Store) Detach(ref string, opts DetachOptions) error {
 }
 
 // DetachAll detaches every volume of the store with one lookup of the loop
-// devices, under every volume's lock; busy ones are reported and left
-// attached.
+// devices, under every volume's lock; busy ones, and ones whose lock
+// cannot be taken, are reported and left attached.
 func (s *Store) DetachAll(opts DetachOptions) error {
-	vols, err := s.lockAll(nil)
+	vols, failed, err := s.lockEach(nil, s.lock)
 	if err != nil {
 		return err
 	}
 	defer unlockAll(vols)
 	var errs []error
+	for _, f := range failed {
+		errs = append(errs, fmt.Errorf("detach: %w", f.err))
+	}
 	var read []*Volume
 	var ids []loop.FileID
 	for _, lv := range vols {

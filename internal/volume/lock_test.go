@@ -5,6 +5,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -254,5 +256,131 @@ func TestCloneRereadsSourceUnderLock(t *testing.T) {
 				t.Fatalf("clone after the failure: %+v, %v; want it rolled back", v, err)
 			}
 		})
+	}
+}
+
+// TestBadLockLeavesOutItsVolumeOnly: a volume whose lock file cannot be
+// taken (not a regular file of its own) is reported by attach --all and
+// detach --all (AttachMany, DetachAll) and left as it is; the store's
+// other volumes are still attached and detached.
+func TestBadLockLeavesOutItsVolumeOnly(t *testing.T) {
+	ctx := context.Background()
+	for _, tt := range []struct {
+		name string
+		make func(t *testing.T, path string)
+	}{
+		{"symlink", func(t *testing.T, path string) {
+			if err := os.Symlink("/etc/hostname", path); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"fifo", func(t *testing.T, path string) {
+			if err := unix.Mkfifo(path, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"directory", func(t *testing.T, path string) {
+			if err := os.Mkdir(path, 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"hard link", func(t *testing.T, path string) {
+			if err := os.WriteFile(path, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Link(path, filepath.Join(filepath.Dir(path), "..", "linked")); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newStore(t, Options{})
+			a, b, c := rawVolume(t, s, "a"), rawVolume(t, s, "b"), rawVolume(t, s, "c")
+			bad := filepath.Join(s.Root(), lockDir, b.UUID)
+			t.Cleanup(func() {
+				os.Remove(filepath.Join(s.Root(), "linked"))
+				os.RemoveAll(bad)
+				s.DetachAll(DetachOptions{})
+			})
+			if err := s.DetachAll(DetachOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Remove(bad); err != nil && !errors.Is(err, os.ErrNotExist) {
+				t.Fatal(err)
+			}
+			tt.make(t, bad)
+			attached := func(v *Volume) bool {
+				t.Helper()
+				st, err := s.Status(v.UUID)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return st.Attached
+			}
+			_, err := s.AttachAll(ctx)
+			if err == nil || !strings.Contains(err.Error(), b.UUID) {
+				t.Errorf("AttachAll = %v, want an error naming %s", err, b.UUID)
+			}
+			if !attached(a) || !attached(c) || attached(b) {
+				t.Errorf("after AttachAll: a %v, b %v, c %v attached; want a and c only", attached(a), attached(b), attached(c))
+			}
+			err = s.DetachAll(DetachOptions{})
+			if err == nil || !strings.Contains(err.Error(), b.UUID) {
+				t.Errorf("DetachAll = %v, want an error naming %s", err, b.UUID)
+			}
+			if attached(a) || attached(c) {
+				t.Errorf("after DetachAll: a %v, c %v attached; want neither", attached(a), attached(c))
+			}
+		})
+	}
+}
+
+// TestAttachManyWaitsForBusyLast: a volume whose lock another process
+// holds does not keep attach --all from the others: they are attached
+// while it waits, and the busy one once its lock is free.
+func TestAttachManyWaitsForBusyLast(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s := newStore(t, Options{})
+	a, b, c := rawVolume(t, s, "a"), rawVolume(t, s, "b"), rawVolume(t, s, "c")
+	t.Cleanup(func() { s.DetachAll(DetachOptions{}) })
+	if err := s.DetachAll(DetachOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Another holder: a second open of the store, as another process.
+	other, err := Open(s.Root(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock, err := other.lock(b.UUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	othersUp := make(chan bool, 1)
+	go func() {
+		defer unlock()
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			sa, errA := other.Status(a.UUID)
+			sc, errC := other.Status(c.UUID)
+			if errA == nil && errC == nil && sa.Attached && sc.Attached {
+				othersUp <- true
+				return
+			}
+		}
+		othersUp <- false
+	}()
+	sts, err := s.AttachAll(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !<-othersUp {
+		t.Error("a and c were not attached while b's lock was held")
+	}
+	var names []string
+	for _, st := range sts {
+		names = append(names, st.Name)
+	}
+	if want := []string{"a", "b", "c"}; !slices.Equal(names, want) {
+		t.Errorf("attached %v, want %v", names, want)
 	}
 }

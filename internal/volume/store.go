@@ -1,6 +1,7 @@
 package volume
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -326,7 +327,7 @@ func (s *Store) backingPath(uuid string) string { return filepath.Join(s.root, u
 // store's, then snapshots'; nothing that holds a later one waits for an
 // earlier one (tryLock does not wait). A caller that holds a volume's
 // lock takes no other volume's with lock: two or more are taken together,
-// by lockAll.
+// by lockAll or lockEach.
 func (s *Store) lock(name string) (func(), error) { return s.flock(name, unix.LOCK_EX) }
 
 type lockedVolume struct {
@@ -336,30 +337,76 @@ type lockedVolume struct {
 
 // lockAll takes the locks of the volumes with the given UUIDs (nil: every
 // volume of the store; a UUID named twice is locked once) and returns
-// them, released by unlockAll. It is the one way to hold more than one
-// volume's lock (see lock): it takes them in UUID order, so two callers
+// them, released by unlockAll; if one cannot be taken it holds none and
+// fails. It is the one way to hold more than one volume's lock (see
+// lock), with lockEach: both take them in UUID order, so two callers
 // that each hold several wait on each other in one direction only and
-// cannot deadlock. The caller holds no volume lock when it calls lockAll.
+// cannot deadlock. The caller holds no volume lock when it calls either.
 func (s *Store) lockAll(uuids []string) ([]lockedVolume, error) {
+	locked, failed, err := s.lockEach(uuids, s.lock)
+	if err == nil && len(failed) > 0 {
+		unlockAll(locked)
+		errs := make([]error, 0, len(failed))
+		for _, f := range failed {
+			errs = append(errs, f.err)
+		}
+		return nil, errors.Join(errs...)
+	}
+	return locked, err
+}
+
+// lockFailure is a volume lock lockEach could not take.
+type lockFailure struct {
+	uuid string
+	err  error
+}
+
+// lockEach is lockAll for batches of volumes handled one by one: it takes
+// each lock with take (lock, tryLock or lockUntil) and goes on past one it
+// cannot take, which it returns in failed (in UUID order) instead: one bad
+// lock file leaves out its volume only. err is set, and nothing held,
+// only if the store's volumes could not be listed.
+func (s *Store) lockEach(uuids []string, take func(string) (func(), error)) (locked []lockedVolume, failed []lockFailure, err error) {
 	if uuids == nil {
-		var err error
 		if uuids, err = s.uuids(); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	uuids = slices.Clone(uuids)
 	slices.Sort(uuids)
 	uuids = slices.Compact(uuids)
-	out := make([]lockedVolume, 0, len(uuids))
+	locked = make([]lockedVolume, 0, len(uuids))
 	for _, uuid := range uuids {
-		unlock, err := s.lock(uuid)
+		unlock, err := take(uuid)
 		if err != nil {
-			unlockAll(out)
-			return nil, err
+			failed = append(failed, lockFailure{uuid, err})
+			continue
 		}
-		out = append(out, lockedVolume{uuid, unlock})
+		locked = append(locked, lockedVolume{uuid, unlock})
 	}
-	return out, nil
+	return locked, failed, nil
+}
+
+// lockUntil is lock bounded by ctx, for lockEach: where ctx can end, it
+// tries the lock (tryLock) until it is free or ctx ends, as flock cannot
+// be interrupted; where ctx cannot end, it is lock.
+func (s *Store) lockUntil(ctx context.Context) func(string) (func(), error) {
+	if ctx.Done() == nil {
+		return s.lock
+	}
+	return func(name string) (func(), error) {
+		for wait := 10 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
+			unlock, err := s.tryLock(name)
+			if !errors.Is(err, unix.EWOULDBLOCK) {
+				return unlock, err
+			}
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("lock %s: another process still holds it (%w): rerun once it is done", name, context.Cause(ctx))
+			case <-time.After(wait):
+			}
+		}
+	}
 }
 
 // unlockAll releases the locks lockAll took; a second call does nothing.
