@@ -366,11 +366,8 @@ func LinkedElsewhere(uuid string) error {
 // link (if udev runs) and leaves the attached marker. The caller holds
 // v's lock; ctx's deadline, or else Options.UdevTimeout, bounds the waits.
 func (s *Store) awaitAndMark(ctx context.Context, v *Volume, dev *loop.Device, udevRuns bool) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.opts.UdevTimeout)
-		defer cancel()
-	}
+	ctx, cancel := s.udevDeadline(ctx)
+	defer cancel()
 	if err := s.settleIdentity(ctx, v, dev); err != nil {
 		return fmt.Errorf("attach %s: %w", v.Name, err)
 	}
@@ -383,6 +380,16 @@ func (s *Store) awaitAndMark(ctx context.Context, v *Volume, dev *loop.Device, u
 		return fmt.Errorf("attach %s: %w", v.Name, err)
 	}
 	return nil
+}
+
+// udevDeadline bounds ctx by Options.UdevTimeout for the waits for udev,
+// unless ctx has a deadline already: a caller's for more than one pass
+// (a whole boot, see AttachEnabled) is not stretched by each.
+func (s *Store) udevDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.opts.UdevTimeout)
 }
 
 // dataDevice is the node consumers use: the partition of a partitioned
@@ -477,7 +484,7 @@ func (s *Store) AttachAll(ctx context.Context) ([]*Status, error) {
 // error, and one whose lock another process holds is waited for (bounded
 // by ctx) after the others are attached. Volumes not ready are skipped
 // with nil refs and an error when named. ctx's deadline, or else
-// Options.UdevTimeout, bounds the udev wait.
+// Options.UdevTimeout, bounds each pass's udev wait (udevDeadline).
 func (s *Store) AttachMany(ctx context.Context, refs []string) ([]*Status, error) {
 	var errs []error
 	var uuids []string
@@ -663,7 +670,7 @@ func (s *Store) attachBatch(ctx context.Context, locked []lockedVolume, named bo
 		volErrs[i] = s.publish(vols[i], attached[vols[i]])
 	})
 	// Wait for udev once for all, not volume by volume, with one deadline.
-	ctx, cancel := context.WithTimeout(ctx, s.opts.UdevTimeout)
+	ctx, cancel := s.udevDeadline(ctx)
 	defer cancel()
 	udev := s.udevRuns()
 	for i, v := range vols {

@@ -145,8 +145,20 @@ func (s *Store) disableBroken(ctx context.Context, uuid string) error {
 // on past units lc could not list, stores and volumes that fail, and
 // reports them all; the volumes
 // it attached are returned, store by store. Each store is swept of what
-// killed writers left (see uuids) first: once per boot.
+// killed writers left (see uuids) first: once per boot. ctx's deadline,
+// or else opts.UdevTimeout from the start, bounds the whole of it, every
+// store together, so that a boot unit's TimeoutSec above it is never
+// reached by a later store's wait.
 func AttachEnabled(ctx context.Context, lc Lifecycle, opts Options) ([]*Status, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		timeout := opts.UdevTimeout
+		if timeout == 0 {
+			timeout = defaultUdevTimeout
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
 	enabled, listErr := lc.EnabledVolumes()
 	byRoot := map[string][]string{}
 	var roots []string

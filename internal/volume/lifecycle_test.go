@@ -9,8 +9,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sparsevol/sparsevol/internal/udev"
 )
 
 // fakeLifecycle records the calls a Store makes, each with the state the
@@ -303,5 +306,38 @@ func TestAttachEnabled(t *testing.T) {
 	}
 	if st, err := a.Status(off.UUID); err != nil || st.Attached {
 		t.Errorf("volume without an enabled unit: attached %v (%v)", st.Attached, err)
+	}
+}
+
+// TestAttachEnabledOneDeadline: UdevTimeout bounds the whole of
+// AttachEnabled, every store together, not each store afresh: where udev
+// runs and its links never come, two stores take one timeout, so the
+// boot unit's TimeoutSec above it is never reached by a later store.
+func TestAttachEnabledOneDeadline(t *testing.T) {
+	if udev.Host.Running() {
+		t.Skip("udev runs on this host: " + string(udev.Host) + " has its control socket")
+	}
+	const timeout = 2 * time.Second
+	dir := udev.Dir(t.TempDir())
+	if err := os.WriteFile(filepath.Join(string(dir), "control"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts := Options{Udev: dir, UdevTimeout: timeout}
+	var list []EnabledVolume
+	for _, name := range []string{"a", "b"} {
+		s := newStore(t, opts)
+		v := mustCreate(t, s, CreateRequest{Name: name, SizeBytes: 16 << 20})
+		t.Cleanup(func() { s.DetachAll(DetachOptions{}) })
+		list = append(list, EnabledVolume{v.UUID, s.Root()})
+	}
+	start := time.Now()
+	_, err := AttachEnabled(context.Background(), &fakeLifecycle{list: list}, opts)
+	took := time.Since(start)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("AttachEnabled = %v, want the udev waits to reach the deadline", err)
+	}
+	// Each store afresh would take two timeouts at least.
+	if took > timeout*7/4 {
+		t.Errorf("AttachEnabled took %v for two stores; want one deadline of %v for both", took, timeout)
 	}
 }

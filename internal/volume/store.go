@@ -29,6 +29,9 @@ import (
 // SPARSEVOL_ROOT says otherwise.
 const DefaultRoot = "/var/lib/sparsevol"
 
+// defaultUdevTimeout is Options.UdevTimeout's default.
+const defaultUdevTimeout = 30 * time.Second
+
 // RootEnv names the environment variable that selects the store.
 const RootEnv = "SPARSEVOL_ROOT"
 
@@ -40,7 +43,8 @@ type Options struct {
 	// completely; 2 allows promising twice that.
 	OvercommitRatio float64
 	// UdevTimeout bounds how long attach waits for the stable link where
-	// udev runs. Default 30 s.
+	// udev runs. Default 30 s. AttachEnabled (attach --boot) takes it as
+	// the deadline of the whole boot, every store together.
 	UdevTimeout time.Duration
 	// AttachedDir, if set, holds one empty file per volume that attach
 	// brought up completely (device bound, stable link present); detach
@@ -154,7 +158,7 @@ func Open(root string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("open store %s: %w: %w", abs, err, ErrInvalid)
 	}
 	if opts.UdevTimeout == 0 {
-		opts.UdevTimeout = 30 * time.Second
+		opts.UdevTimeout = defaultUdevTimeout
 	}
 	if opts.FreezeTimeout == 0 {
 		opts.FreezeTimeout = 60 * time.Second
