@@ -320,31 +320,42 @@ func TestGenerate(t *testing.T) {
 	})
 }
 
+// TestInstallLinksGenerator: the generator is linked in the
+// system-generators directory next to the unit directory, however the
+// unit directory is spelled (a trailing slash on --unit-dir).
 func TestInstallLinksGenerator(t *testing.T) {
-	dir := t.TempDir()
-	m := Manager{Dir: filepath.Join(dir, "etc", "systemd", "system")}
-	paths, err := m.Install(context.Background(), "/opt/sv/bin/sparsevol", "/srv/store")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gen := filepath.Join(dir, "etc", "systemd", "system-generators", GeneratorName)
-	if target, err := os.Readlink(gen); err != nil || target != "/opt/sv/bin/sparsevol" {
-		t.Errorf("generator link %s -> %q, %v", gen, target, err)
-	}
-	if len(paths) != 4 {
-		t.Errorf("Install wrote %v, want 3 units and the generator", paths)
-	}
-	boot := filepath.Join(m.Dir, BootUnit)
-	if data, err := os.ReadFile(boot); err != nil || !strings.Contains(string(data), "ExecStart=-/opt/sv/bin/sparsevol --udev-timeout=80s attach --boot") {
-		t.Errorf("%s: %v\n%s", boot, err, data)
-	}
-	if _, err := m.Uninstall(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range paths {
-		if _, err := os.Lstat(p); !os.IsNotExist(err) {
-			t.Errorf("%s left after Uninstall (%v)", p, err)
-		}
+	for _, tt := range []struct{ name, suffix string }{
+		{"clean", ""},
+		{"trailing slash", "/"},
+		{"trailing slashes", "//"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			m := Manager{Dir: filepath.Join(dir, "etc", "systemd", "system") + tt.suffix}
+			paths, err := m.Install(context.Background(), "/opt/sv/bin/sparsevol", "/srv/store")
+			if err != nil {
+				t.Fatal(err)
+			}
+			gen := filepath.Join(dir, "etc", "systemd", "system-generators", GeneratorName)
+			if target, err := os.Readlink(gen); err != nil || target != "/opt/sv/bin/sparsevol" {
+				t.Errorf("generator link %s -> %q, %v", gen, target, err)
+			}
+			if len(paths) != 4 {
+				t.Errorf("Install wrote %v, want 3 units and the generator", paths)
+			}
+			boot := filepath.Join(m.Dir, BootUnit)
+			if data, err := os.ReadFile(boot); err != nil || !strings.Contains(string(data), "ExecStart=-/opt/sv/bin/sparsevol --udev-timeout=80s attach --boot") {
+				t.Errorf("%s: %v\n%s", boot, err, data)
+			}
+			if _, err := m.Uninstall(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range paths {
+				if _, err := os.Lstat(p); !os.IsNotExist(err) {
+					t.Errorf("%s left after Uninstall (%v)", p, err)
+				}
+			}
+		})
 	}
 }
 

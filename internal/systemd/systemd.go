@@ -64,11 +64,15 @@ type Manager struct {
 
 var _ volume.Lifecycle = Manager{}
 
+// dir is the unit directory, cleaned: every path the Manager derives
+// from Dir (the generator directory beside it, the default's vendor
+// directories) goes through it, so "/etc/systemd/system/" is
+// DefaultUnitDir.
 func (m Manager) dir() string {
 	if m.Dir == "" {
 		return DefaultUnitDir
 	}
-	return m.Dir
+	return filepath.Clean(m.Dir)
 }
 
 // shipped are the unit files Install writes, by name.
