@@ -260,6 +260,47 @@ func TestMarkBootDoneNoFollow(t *testing.T) {
 	}
 }
 
+// TestGenerateGoesOnPastOneInstance: an instance whose drop-in cannot be
+// written is reported, and the other instances still get theirs; a link
+// at a drop-in's name is replaced, never written through.
+func TestGenerateGoesOnPastOneInstance(t *testing.T) {
+	const a, b, c = "0aaaaaaa-0000-4000-8000-000000000001", "0bbbbbbb-0000-4000-8000-000000000002", "0ccccccc-0000-4000-8000-000000000003"
+	m := newTestManager(t, "/srv/store")
+	for _, uuid := range []string{a, b, c} {
+		enable(t, m, uuid, "/srv/store", "/srv/store")
+	}
+	out := t.TempDir()
+	// b's drop-in directory is a file: b's drop-in cannot be written.
+	if err := os.WriteFile(filepath.Join(out, UnitName(b)+".d"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// a's drop-in is a link to a file elsewhere.
+	victim := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(victim, []byte("keep"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(out, UnitName(a)+".d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, filepath.Join(out, UnitName(a)+".d", bootDropIn)); err != nil {
+		t.Fatal(err)
+	}
+	err := m.Generate(out)
+	if err == nil || !strings.Contains(err.Error(), UnitName(b)) {
+		t.Errorf("Generate = %v, want an error naming %s", err, UnitName(b))
+	}
+	for _, uuid := range []string{a, c} {
+		path := filepath.Join(out, UnitName(uuid)+".d", bootDropIn)
+		st, err := os.Lstat(path)
+		if err != nil || !st.Mode().IsRegular() {
+			t.Errorf("%s: %v, want its drop-in, a regular file", path, err)
+		}
+	}
+	if data, err := os.ReadFile(victim); err != nil || string(data) != "keep" {
+		t.Errorf("the drop-in link's target now holds %q (%v), want it untouched", data, err)
+	}
+}
+
 func TestGenerate(t *testing.T) {
 	const a, b = "0aaaaaaa-0000-4000-8000-000000000001", "0bbbbbbb-0000-4000-8000-000000000002"
 	read := func(t *testing.T, path string) string {
