@@ -152,7 +152,7 @@ func TestGenerateRefusesDropInPaths(t *testing.T) {
 			if _, err := os.Stat(filepath.Join(out, UnitName(bad)+".d")); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("drop-in generated for %s (%v)", bad, err)
 			}
-			if boot, err := os.ReadFile(filepath.Join(out, BootUnit+".d", bootDropIn)); err != nil || !strings.HasSuffix(string(boot), "\nRequiresMountsFor=/srv/good\n") {
+			if boot, err := os.ReadFile(filepath.Join(out, BootUnit+".d", bootDropIn)); err != nil || !strings.HasSuffix(string(boot), "\nAfter=-.mount srv-good.mount srv.mount\n") {
 				t.Errorf("%s drop-in (%v):\n%s", BootUnit, err, boot)
 			}
 			if _, err := os.Stat(filepath.Join(out, UnitName(good)+".d", bootDropIn)); err != nil {
@@ -301,6 +301,24 @@ func TestGenerateGoesOnPastOneInstance(t *testing.T) {
 	}
 }
 
+// TestMountUnit: mount unit names are systemd-escape --path's (the
+// values are systemd 252's).
+func TestMountUnit(t *testing.T) {
+	for _, tt := range []struct{ path, want string }{
+		{"/", "-.mount"},
+		{"/srv/sparsevol-store", `srv-sparsevol\x2dstore.mount`},
+		{"/var/lib/.hidden", "var-lib-.hidden.mount"},
+		{"/.x", `\x2ex.mount`},
+		{"/mnt/a.b/.c", "mnt-a.b-.c.mount"},
+		{"/mnt/é", `mnt-\xc3\xa9.mount`},
+		{"/a:b_c/x~y", `a:b_c-x\x7ey.mount`},
+	} {
+		if got := mountUnit(tt.path); got != tt.want {
+			t.Errorf("mountUnit(%q) = %q, want %q", tt.path, got, tt.want)
+		}
+	}
+}
+
 func TestGenerate(t *testing.T) {
 	const a, b = "0aaaaaaa-0000-4000-8000-000000000001", "0bbbbbbb-0000-4000-8000-000000000002"
 	read := func(t *testing.T, path string) string {
@@ -328,8 +346,11 @@ func TestGenerate(t *testing.T) {
 				}
 			}
 		}
+		// Wanted, not required: one failed mount does not fail the boot
+		// unit and with it every volume.
 		boot := read(t, filepath.Join(out, BootUnit+".d", bootDropIn))
-		if !strings.Contains(boot, "RequiresMountsFor=/mnt/files /mnt/other /srv/store\n") {
+		const units = "-.mount mnt-files.mount mnt-other.mount mnt.mount srv-store.mount srv.mount"
+		if !strings.Contains(boot, "\nWants="+units+"\nAfter="+units+"\n") || strings.Contains(boot, "Requires") {
 			t.Errorf("%s drop-in:\n%s", BootUnit, boot)
 		}
 	})
