@@ -6,8 +6,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,23 +22,10 @@ import (
 // socket is gone.
 func TestHealthz(t *testing.T) {
 	e := newTestEnv(t)
-	check := SocketProbe(e.socket)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- ServeMetrics(ctx, l, e.metrics, check, slog.New(slog.DiscardHandler)) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("ServeMetrics: %v", err)
-		}
-	})
+	addr := serveHealth(t, e.metrics, SocketProbe(e.socket))
 	get := func(path string) (int, string) {
 		t.Helper()
-		resp, err := http.Get("http://" + l.Addr().String() + path)
+		resp, err := http.Get("http://" + addr + path)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -51,12 +41,142 @@ func TestHealthz(t *testing.T) {
 		t.Errorf("/metrics: %d, lacks the store gauges", code)
 	}
 	// The socket gone (a removed plugin directory): kubelet could not
-	// reach the plugin, so it is not healthy.
+	// reach the plugin, so it is not healthy once the last result is
+	// no longer fresh.
 	if err := os.Remove(e.socket); err != nil {
 		t.Fatal(err)
 	}
+	time.Sleep(healthFresh)
 	if code, body := get("/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, e.socket) {
 		t.Errorf("/healthz without the socket: %d %q, want 503 naming the socket", code, body)
+	}
+}
+
+// serveHealth serves m and health as Run does on a loopback port until
+// the test ends, and returns the address.
+func serveHealth(t *testing.T, m *Metrics, health HealthCheck) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ServeMetrics(ctx, l, m, health, slog.New(slog.DiscardHandler)) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("ServeMetrics: %v", err)
+		}
+	})
+	return l.Addr().String()
+}
+
+// TestHealthzShared floods /healthz of a real plugin, as anyone on the
+// pod network can: the probes share checks, so the store is looked at a
+// bounded number of times, and no request waits long.
+func TestHealthzShared(t *testing.T) {
+	e := newTestEnv(t)
+	var checks atomic.Int64
+	probe := SocketProbe(e.socket)
+	addr := serveHealth(t, e.metrics, func(ctx context.Context) error {
+		checks.Add(1)
+		return probe(ctx)
+	})
+	const clients, each = 50, 4
+	client := &http.Client{Timeout: 10 * time.Second}
+	start := time.Now()
+	var wg sync.WaitGroup
+	var ok, slowest atomic.Int64
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				began := time.Now()
+				resp, err := client.Get("http://" + addr + "/healthz")
+				if err != nil {
+					t.Errorf("/healthz: %v", err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					ok.Add(1)
+				}
+				d := int64(time.Since(began))
+				for s := slowest.Load(); d > s && !slowest.CompareAndSwap(s, d); s = slowest.Load() {
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	// One check per healthFresh, and one more at the start.
+	if n, most := checks.Load(), int64(elapsed/healthFresh)+2; n > most {
+		t.Errorf("%d /healthz in %v ran %d checks, want at most %d", clients*each, elapsed, n, most)
+	}
+	if ok.Load() == 0 {
+		t.Errorf("none of %d /healthz of a serving plugin answered 200", clients*each)
+	}
+	if s := time.Duration(slowest.Load()); s > 2*time.Second {
+		t.Errorf("the slowest /healthz took %v, want well under kubelet's probe timeout", s)
+	}
+}
+
+// TestHealthzWaitersBounded: while healthInFlight requests wait for a
+// check that hangs, one more is answered 503 at once; the waiting ones
+// get the check's one result.
+func TestHealthzWaitersBounded(t *testing.T) {
+	var checks atomic.Int64
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	g := healthHandler(func(ctx context.Context) error {
+		checks.Add(1)
+		entered <- struct{}{}
+		<-release
+		return nil
+	}, slog.New(slog.DiscardHandler))
+	released := false
+	t.Cleanup(func() {
+		if !released {
+			close(release)
+		}
+	})
+	get := func() int {
+		w := httptest.NewRecorder()
+		g.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+		return w.Code
+	}
+	codes := make(chan int, healthInFlight)
+	for range healthInFlight {
+		go func() { codes <- get() }()
+	}
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no request started a check")
+	}
+	for deadline := time.Now().Add(10 * time.Second); len(g.slots) < healthInFlight; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests wait, want %d", len(g.slots), healthInFlight)
+		}
+	}
+	began := time.Now()
+	if code := get(); code != http.StatusServiceUnavailable {
+		t.Errorf("/healthz while %d wait: %d, want 503", healthInFlight, code)
+	}
+	if d := time.Since(began); d > time.Second {
+		t.Errorf("/healthz while %d wait took %v, want an answer at once", healthInFlight, d)
+	}
+	close(release)
+	released = true
+	for range healthInFlight {
+		if code := <-codes; code != http.StatusOK {
+			t.Errorf("a waiting /healthz: %d, want 200", code)
+		}
+	}
+	if n := checks.Load(); n != 1 {
+		t.Errorf("%d waiting requests ran %d checks, want one shared", healthInFlight, n)
 	}
 }
 
