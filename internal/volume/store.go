@@ -822,11 +822,27 @@ func (s *Store) withVolume(ref string, fn func(v *Volume) error) error {
 }
 
 // Check returns nil if the store and the node can serve volumes: the
-// store's volumes can be listed and measured, and the kernel offers loop
-// devices.
+// store directory is still the one Open found, can be searched and
+// written, and its filesystem answers statfs mounted read-write; and the
+// kernel offers loop devices. It reads no record and not the store
+// directory, so its cost does not grow with the store (a liveness probe
+// calls it); a broken record is its volume's trouble, which status and
+// doctor report.
 func (s *Store) Check() error {
-	if _, err := s.Space(); err != nil {
-		return fmt.Errorf("store %s: %w", s.root, err)
+	fd, err := s.dirFD()
+	if err != nil {
+		return fmt.Errorf("check store: %w", err)
+	}
+	defer unix.Close(fd)
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(fd, &st); err != nil {
+		return fmt.Errorf("check store %s: statfs: %w", s.root, err)
+	}
+	if st.Flags&unix.ST_RDONLY != 0 {
+		return fmt.Errorf("check store %s: its filesystem is mounted read-only (remount it read-write): %w", s.root, unix.EROFS)
+	}
+	if err := unix.Faccessat(fd, ".", unix.R_OK|unix.W_OK|unix.X_OK, unix.AT_EACCESS); err != nil {
+		return fmt.Errorf("check store %s: not readable and writable: %w", s.root, err)
 	}
 	return loop.Supported()
 }

@@ -510,3 +510,40 @@ func TestRefusalShowsReferenceBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestCheck: Check answers for a store of any size without reading the
+// store directory or a record (a liveness probe calls it), and fails
+// for a store that cannot serve: mounted read-only, or replaced since
+// Open.
+func TestCheck(t *testing.T) {
+	tests := []struct {
+		name   string
+		meddle func(t *testing.T, s *Store)
+		want   error // nil: Check passes
+	}{
+		{"serving", func(*testing.T, *Store) {}, nil},
+		{"read-only", func(t *testing.T, s *Store) {
+			mustDo(t, unix.Mount("", s.Root(), "", unix.MS_REMOUNT|unix.MS_RDONLY, ""))
+		}, unix.EROFS},
+		{"replaced", func(t *testing.T, s *Store) {
+			mustDo(t, unix.Unmount(s.Root(), unix.MNT_DETACH))
+		}, ErrUnsafe},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := tmpfsStore(t, "16m", Options{})
+			for _, name := range []string{"a", "b", "c"} {
+				mustCreate(t, s, CreateRequest{Name: name, SizeBytes: 1 << 20, Mode: ModeBlock, NoPartition: true})
+			}
+			tt.meddle(t, s)
+			before := countScans()
+			err := s.Check()
+			if !errors.Is(err, tt.want) || (tt.want == nil) != (err == nil) {
+				t.Errorf("Check: %v, want %v", err, tt.want)
+			}
+			if countScans().dir != before.dir {
+				t.Errorf("Check read the store directory")
+			}
+		})
+	}
+}
