@@ -158,6 +158,11 @@ func TestBadInputExitsTwoAndChangesNothing(t *testing.T) {
 	uuid := strings.TrimSpace(mustRun(t, root, "create", "existing", "--size", "8M"))
 	mustRun(t, root, "create", "small", "--size", "32M", "--no-start")
 	snapUUID := strings.TrimSpace(mustRun(t, root, "snapshot", "create", "small", "snap"))
+	// A volume the CSI driver made: its PV is the driver's.
+	csiUUID := strings.TrimSpace(mustRun(t, root, "create", "bycsi", "--size", "8M", "--no-start"))
+	testutil.EditJSON(t, filepath.Join(root, csiUUID+".json"), func(rec map[string]any) {
+		rec["labels"] = map[string]any{volume.LabelManagedBy: volume.ManagedByCSI, "sparsevol.io/csi-name": "pvc-1"}
+	})
 	oldDir := t.TempDir()
 	junk := filepath.Join(oldDir, "junk")
 	os.WriteFile(junk, bytes.Repeat([]byte("x"), 2<<20), 0o600)
@@ -225,6 +230,8 @@ func TestBadInputExitsTwoAndChangesNothing(t *testing.T) {
 		{"snapshot of missing volume, long reference", "", []string{"snapshot", "create", long, "snap2"}, nil},
 		{"status missing volume", "", []string{"status", "nope"}, nil},
 		{"pv missing volume", "", []string{"pv", "nope"}, nil},
+		{"pv of a CSI volume", "", []string{"pv", "bycsi", "--node", "node-1"}, nil},
+		{"pv of a CSI volume, another name", "", []string{"pv", "bycsi", "--node", "node-1", "--name", "static"}, nil},
 		{"attach without volume", "", []string{"attach"}, nil},
 		{"attach volume and all", "", []string{"attach", "small", "--all"}, nil},
 		{"bad output format", "", []string{"list", "-o", "yaml"}, nil},
@@ -317,7 +324,7 @@ func TestBadInputExitsTwoAndChangesNothing(t *testing.T) {
 		})
 	}
 	mustRun(t, root, "snapshot", "delete", "snap")
-	mustRun(t, root, "delete", "existing", "small")
+	mustRun(t, root, "delete", "existing", "small", "bycsi")
 }
 
 // maxErrorLine bounds a refusal's line: it shows a refused value only as

@@ -26,7 +26,12 @@ func newPVCommand(g *globals) *cobra.Command {
 		Long: `Print a 'local' PersistentVolume whose path is the volume's stable path
 (/dev/disk/by-uuid/<uuid>, /dev/disk/by-partuuid/<uuid>, or /dev/sparsevol/<uuid>
 for whole raw volumes), pinned to this node with nodeAffinity. The manifest is
-JSON, which kubectl apply and kustomize read as they read YAML.`,
+JSON, which kubectl apply and kustomize read as they read YAML.
+
+The PV is named after the volume, whose name is unique on this node only:
+where other nodes have a volume of the same name, give each PV its own
+--name (PV names are cluster-wide). Volumes the CSI driver made are refused:
+their PersistentVolume is the driver's.`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkPVFlags(name, storageClass, node); err != nil {
@@ -47,6 +52,9 @@ JSON, which kubectl apply and kustomize read as they read YAML.`,
 			if v.State != volume.StateReady {
 				return fmt.Errorf("pv %s: state %s: %w (`sparsevol status %s` says what to do)", v.UUID, v.State, volume.ErrNotReady, v.UUID)
 			}
+			if v.Labels[volume.LabelManagedBy] == volume.ManagedByCSI {
+				return fmt.Errorf("pv %s: the CSI driver made this volume and its PersistentVolume already exposes it; a second PV would give it a second claim, and the CSI delete of the first would delete it under the second: %w", v.UUID, volume.ErrInvalid)
+			}
 			if node == "" {
 				if node, err = defaultNode(); err != nil {
 					return err
@@ -65,7 +73,7 @@ JSON, which kubectl apply and kustomize read as they read YAML.`,
 	}
 	cmd.Flags().StringVar(&storageClass, "storage-class", PVStorageClass, "storageClassName of the PV (empty: none)")
 	cmd.Flags().StringVar(&node, "node", "", "node name for nodeAffinity (default: this host's name, lowercased, as kubelet names the node)")
-	cmd.Flags().StringVar(&name, "name", "", "PV name (default: the volume name if it is a valid name, else sparsevol-<uuid>)")
+	cmd.Flags().StringVar(&name, "name", "", "PV name, unique in the cluster (default: the volume name if it is a valid name, else sparsevol-<uuid>; give one where other nodes have a volume of the same name)")
 	return cmd
 }
 

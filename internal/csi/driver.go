@@ -73,7 +73,7 @@ const (
 	// volume.LabelManagedBy).
 	LabelManagedBy = volume.LabelManagedBy
 	// ManagedByCSI is the value of LabelManagedBy for CSI volumes.
-	ManagedByCSI = "csi"
+	ManagedByCSI = volume.ManagedByCSI
 	// LabelProvisioning records thin or thick provisioning.
 	LabelProvisioning = "sparsevol.io/provisioning"
 	// LabelDiscard records the StorageClass parameter discard=true: the

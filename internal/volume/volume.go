@@ -123,6 +123,11 @@ const (
 // kubelet stages them), and `sparsevol doctor` expects no unit for them.
 const LabelManagedBy = "sparsevol.io/managed-by"
 
+// ManagedByCSI is the value of LabelManagedBy on the CSI driver's
+// volumes: their PersistentVolume is the driver's, and the CSI delete of
+// it deletes the volume.
+const ManagedByCSI = "csi"
+
 // Bounds of the labels a volume or snapshot carries (ValidateLabels).
 const (
 	MaxLabels           = 64
