@@ -262,6 +262,7 @@ var volumeFieldCorruptions = []fieldCorruption{
 		"fromSnapshot": "0b7e4bd6-1c2b-4a57-9d6a-0e5d7f4e2f10",
 		"clonedFrom":   "1c8f5ce7-2d3c-4b68-8e7b-1f6e8a5f3a21",
 	}, "one source at most"},
+	{"mkfs options on a block volume", "mkfsOptions", []string{"-m 0"}, "mkfs options cannot be given for block volumes"},
 	{"IOPS beyond the kernel's", "ioLimits", map[string]any{"writeIOPS": uint64(1) << 40}, "wiops 1099511627776 is beyond"},
 	{"IOPS of none", "ioLimits", map[string]any{"readIOPS": uint64(1<<32 - 1)}, "riops 4294967295 is beyond"},
 	{"byte rate beyond int64", "ioLimits", map[string]any{"readBytesPerSecond": uint64(1) << 63}, "rbps 9223372036854775808 is beyond"},
@@ -359,5 +360,62 @@ func TestVolumeRecordFieldsChecked(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestVolumeRecordMkfsOptionsChecked: the mkfs options of a filesystem
+// volume's record are checked when it is read, as NormalizeMkfsOptions
+// checks a request's: options create records pass, and a record with
+// options no create writes (an escape that status would print, a host
+// path, an option off the list) reads as broken, with the reason.
+func TestVolumeRecordMkfsOptionsChecked(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, Options{})
+	v, err := s.Create(ctx, CreateRequest{Name: "fs", SizeBytes: 16 * MiB, Mode: ModeFilesystem, FSType: "ext4",
+		MkfsOptions: []string{"-m 0", "-L data", "-E lazy_itable_init=1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := s.metaPath(v.UUID)
+	recorded, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Get(v.UUID); err != nil || got.State != StateReady || !strings.Contains(string(recorded), `"-L"`) {
+		t.Fatalf("the volume create made: %+v, %v; want it ready with its mkfs options recorded:\n%s", got, err, recorded)
+	}
+	for _, tt := range []struct {
+		name   string
+		opts   []string
+		reason string
+	}{
+		{"escape", []string{"-E \x1b[2J"}, `"\x1b[2J"`},
+		{"host directory", []string{"-d /etc"}, "copies a host directory"},
+		{"option off the list", []string{"-V"}, `mkfs option "-V"`},
+		{"value missing", []string{"-m 0", "-L"}, "needs a value"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := os.WriteFile(path, recorded, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			corruptRecord(t, path, "mkfsOptions", tt.opts)
+			got, err := s.Get(v.UUID)
+			if !errors.Is(err, ErrBroken) && (err != nil || got.State != StateBroken) {
+				t.Fatalf("Get = %+v, %v; want the volume broken", got, err)
+			}
+			vols, err := s.List()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(vols) != 1 || vols[0].State != StateBroken || !strings.Contains(vols[0].Problem, tt.reason) {
+				t.Errorf("List = %+v; want the volume broken, saying %q", vols, tt.reason)
+			}
+		})
+	}
+	if err := os.WriteFile(path, recorded, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, v.UUID, DetachOptions{}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -521,8 +521,9 @@ func (s *Store) format(ctx context.Context, v *Volume, dev *loop.Device) error {
 }
 
 // checkRecordedMkfs checks v's mkfs options again before they are run:
-// they were checked when the volume was reserved, but metadata is never
-// trusted.
+// they were checked when the volume was reserved, and a record read back
+// is checked (Volume.check), but a v that came another way is not
+// trusted either.
 func checkRecordedMkfs(v *Volume) error {
 	if _, err := NormalizeMkfsOptions(v.FSType, v.MkfsOptions); err != nil {
 		return fmt.Errorf("format %s: recorded %w", v.Name, err)

@@ -619,7 +619,8 @@ func (s *Store) readMeta(uuid string) (*Volume, error) {
 // (checkStoredState), an expansion in progress to no less than the size,
 // at most one source, named by its UUID (ValidUUID, as every snapshot's
 // and volume's), I/O limits the kernel enforces as given (CheckLimits'
-// rule), labels as ValidateLabels admits them, and a valid name.
+// rule), mkfs options as NormalizeMkfsOptions admits them for the
+// filesystem, labels as ValidateLabels admits them, and a valid name.
 // The error carries no error class; readMeta makes it ErrBroken.
 func (v *Volume) check() error {
 	if err := checkLayout(v.Mode, v.FSType, v.Partitioned, v.SizeBytes, v.BlockSize, sizeKept); err != nil {
@@ -640,6 +641,9 @@ func (v *Volume) check() error {
 		return fmt.Errorf("source volume uuid %q is not a canonical UUID", v.ClonedFrom)
 	}
 	if err := v.IOLimits.Validate(); err != nil {
+		return unclassified(err)
+	}
+	if _, err := NormalizeMkfsOptions(v.FSType, v.MkfsOptions); err != nil {
 		return unclassified(err)
 	}
 	if err := ValidateLabels(v.Labels); err != nil {
