@@ -457,6 +457,25 @@ func TestHostileValues(t *testing.T) {
 		{"pullPolicy with a key", map[string]any{"image": map[string]any{"pullPolicy": "IfNotPresent\n          privileged: true"}}},
 		{"pullPolicy unknown", map[string]any{"image": map[string]any{"pullPolicy": "Sometimes"}}},
 		{"image tag with a newline", map[string]any{"image": map[string]any{"tag": "v1\nx"}}},
+		// Values of the documented form that the plugin refuses at start
+		// (a crash loop) or that make a pod or a class twice.
+		{"overcommitRatio zero", map[string]any{"overcommitRatio": "0"}},
+		{"overcommitRatio zero, decimal", map[string]any{"overcommitRatio": "0.0"}},
+		{"overcommitRatio zeroes", map[string]any{"overcommitRatio": "000"}},
+		{"overcommitRatio zero as a number", map[string]any{"overcommitRatio": 0}},
+		{"overcommitRatio beyond a float", map[string]any{"overcommitRatio": "1" + strings.Repeat("0", 400)}},
+		{"storeDir is kubeletDir", map[string]any{"storeDir": "/var/lib/kubelet"}},
+		{"storeDir under kubeletDir", map[string]any{"storeDir": "/data/kubelet/sparsevol", "kubeletDir": "/data/kubelet"}},
+		{"storeDir holds kubeletDir", map[string]any{"storeDir": "/var/lib", "kubeletDir": "/var/lib/kubelet"}},
+		{"storeDir is /csi", map[string]any{"storeDir": "/csi"}},
+		{"storeDir under /dev", map[string]any{"storeDir": "/dev/sparsevol"}},
+		{"storeDir under /host", map[string]any{"storeDir": "/host/sys"}},
+		{"storeDir is /usr", map[string]any{"storeDir": "/usr"}},
+		{"storeDir hides the binary", map[string]any{"storeDir": "/usr/local/bin"}},
+		{"storeDir is the udev rule's", map[string]any{"storeDir": "/run/sparsevol/udev"}},
+		{"storeDir under /etc", map[string]any{"storeDir": "/etc/sparsevol"}},
+		{"a class named sparsevol-local with localClass", map[string]any{"storageClasses": []any{map[string]any{"name": "sparsevol-local"}}}},
+		{"two classes of one name", map[string]any{"storageClasses": []any{map[string]any{"name": "fast"}, map[string]any{"name": "fast"}}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -470,6 +489,10 @@ func TestHostileValues(t *testing.T) {
 	for _, ok := range []map[string]any{
 		{"storeDir": "/srv/sparsevol", "kubeletDir": "/data/kubelet", "logLevel": "debug", "overcommitRatio": 1.5},
 		{"overcommitRatio": "2", "metrics": map[string]any{"port": 9900}, "image": map[string]any{"tag": "v1.2.3", "pullPolicy": "Always"}},
+		{"overcommitRatio": "0.5", "storeDir": "/var/lib/kubelet-store", "kubeletDir": "/var/lib/kubelet"},
+		{"overcommitRatio": "10", "storeDir": "/usrdata/sparsevol"},
+		{"overcommitRatio": "1.0"},
+		{"storageClasses": []any{map[string]any{"name": "sparsevol-local"}}, "localClass": false},
 	} {
 		if _, err := renderChart(t, ok); err != nil {
 			t.Errorf("render with %v: %v", ok, err)
