@@ -179,15 +179,34 @@ func (in Instance) check(rootFrom, mountsFrom string) error {
 }
 
 // EnabledVolumes lists the volumes of the enabled instances and their
-// stores (volume.Lifecycle), with EnabledInstances' error for those it
-// left out.
+// stores (volume.Lifecycle, what boot attaches), with EnabledInstances'
+// error for those it left out. It also leaves out, and names in the
+// error (volume.ErrUnsafe), an instance whose store or RequiresMountsFor=
+// paths lie at or below a mount point of the fstab that is not mounted:
+// the boot unit only wants the stores' mounts, so it runs after one that
+// failed, and what it would find there is the directory below the mount
+// point, not the store (mountGuard). The instance's own unit requires
+// the mount and fails with it.
 func (m Manager) EnabledVolumes() ([]volume.EnabledVolume, error) {
 	insts, err := m.EnabledInstances()
-	out := make([]volume.EnabledVolume, len(insts))
-	for i, in := range insts {
-		out[i] = volume.EnabledVolume{UUID: in.UUID, Root: in.Root}
+	errs := []error{err}
+	var guard *mountGuard
+	if len(insts) > 0 {
+		var gerr error
+		if guard, gerr = newMountGuard(m.fstab()); gerr != nil {
+			return nil, errors.Join(err, fmt.Errorf("enabled volumes: %w", gerr))
+		}
 	}
-	return out, err
+	out := make([]volume.EnabledVolume, 0, len(insts))
+	for _, in := range insts {
+		if mp := guard.unmounted(append([]string{in.Root}, in.MountsFor...)...); mp != "" {
+			errs = append(errs, fmt.Errorf("enabled unit %s: %s (in %s) is not mounted, and below it is not the store %s: left for its unit, which waits for the mount; mount it, or see `systemctl status %s`: %w",
+				UnitName(in.UUID), mp, guard.fstab, in.Root, mountUnit(mp), volume.ErrUnsafe))
+			continue
+		}
+		out = append(out, volume.EnabledVolume{UUID: in.UUID, Root: in.Root})
+	}
+	return out, errors.Join(errs...)
 }
 
 // readDropIn is readUnitSettings for an instance's drop-in, which only

@@ -45,7 +45,9 @@ func enable(t *testing.T, m Manager, uuid, root string, mountsFor ...string) {
 func newTestManager(t *testing.T, storeRoot string) Manager {
 	t.Helper()
 	dir := t.TempDir()
-	m := Manager{Dir: filepath.Join(dir, "etc"), RunDir: filepath.Join(dir, "run")}
+	// No fstab unless a test writes one: the host's says nothing of
+	// these paths.
+	m := Manager{Dir: filepath.Join(dir, "etc"), RunDir: filepath.Join(dir, "run"), Fstab: filepath.Join(dir, "fstab")}
 	if err := os.MkdirAll(m.Dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -80,6 +82,49 @@ func TestEnabledInstances(t *testing.T) {
 	wantVols := []volume.EnabledVolume{{UUID: a, Root: "/srv/store"}, {UUID: b, Root: "/srv/store"}, {UUID: c, Root: "/mnt/other"}}
 	if err != nil || !reflect.DeepEqual(vols, wantVols) {
 		t.Errorf("EnabledVolumes = %+v, %v; want %+v", vols, err, wantVols)
+	}
+}
+
+// TestEnabledVolumesLeaveOutUnmountedStores: a store, or a path an
+// instance requires mounted, at or below an fstab mount point that is not
+// mounted is left out of what boot attaches (ErrUnsafe, naming the mount
+// point): the directory below a mount point is not the store, and may
+// hold an older one with the same volumes. Once mounted, it is listed.
+func TestEnabledVolumesLeaveOutUnmountedStores(t *testing.T) {
+	const a, b, c = "0aaaaaaa-0000-4000-8000-000000000001", "0bbbbbbb-0000-4000-8000-000000000002", "0ccccccc-0000-4000-8000-000000000003"
+	mnt := filepath.Join(t.TempDir(), "disk")
+	if err := os.MkdirAll(filepath.Join(mnt, "store"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	m := newTestManager(t, "/srv/store")
+	fstab := "# a comment\nUUID=0000 / ext4 defaults 0 1\n/dev/sdb1 " + strings.ReplaceAll(mnt, " ", `\040`) + " ext4 nofail 0 2\nnone swap swap sw 0 0\n"
+	if err := os.WriteFile(m.Fstab, []byte(fstab), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	enable(t, m, a, "/srv/store", "/srv/store")
+	enable(t, m, b, filepath.Join(mnt, "store"), filepath.Join(mnt, "store"))
+	enable(t, m, c, "/srv/store", "/srv/store", filepath.Join(mnt, "files"))
+	vols, err := m.EnabledVolumes()
+	want := []volume.EnabledVolume{{UUID: a, Root: "/srv/store"}}
+	if !reflect.DeepEqual(vols, want) || !errors.Is(err, volume.ErrUnsafe) || !strings.Contains(err.Error(), mnt+" (in "+m.Fstab+") is not mounted") ||
+		!strings.Contains(err.Error(), UnitName(b)) || !strings.Contains(err.Error(), UnitName(c)) {
+		t.Fatalf("EnabledVolumes with %s not mounted = %+v, %v; want %+v and ErrUnsafe naming it for %s and %s", mnt, vols, err, want, b, c)
+	}
+	if err := unix.Mount("tmpfs", mnt, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
+	vols, err = m.EnabledVolumes()
+	want = []volume.EnabledVolume{{UUID: a, Root: "/srv/store"}, {UUID: b, Root: filepath.Join(mnt, "store")}, {UUID: c, Root: "/srv/store"}}
+	if err != nil || !reflect.DeepEqual(vols, want) {
+		t.Errorf("EnabledVolumes with %s mounted = %+v, %v; want %+v", mnt, vols, err, want)
+	}
+}
+
+func TestFstabMountPoints(t *testing.T) {
+	got := fstabMountPoints([]byte("# c\n\nUUID=1 / ext4 defaults 0 1\n/dev/sdb1\t/srv/disk\\040two/ xfs nofail 0 2\nnone swap swap sw 0 0\nbroken\nLABEL=x /mnt/a\\134b ext4\n"))
+	if want := []string{"/srv/disk two", `/mnt/a\b`}; !reflect.DeepEqual(got, want) {
+		t.Errorf("fstabMountPoints = %q, want %q", got, want)
 	}
 }
 

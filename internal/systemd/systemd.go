@@ -60,6 +60,9 @@ type Manager struct {
 	// Offline never reloads systemd: Dir belongs to a root being staged
 	// (a package, an image), not to this machine.
 	Offline bool
+	// Fstab is the file EnabledVolumes reads the node's mount points
+	// from; DefaultFstab if empty.
+	Fstab string
 }
 
 var _ volume.Lifecycle = Manager{}

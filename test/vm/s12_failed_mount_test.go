@@ -14,7 +14,9 @@ import (
 // the reboot the image is removed, so its mount fails at boot: the boot
 // unit still runs (it wants the stores' mounts, it does not require
 // them), the default store's volume is back at kubelet's start, and only
-// the lost store's unit fails.
+// the lost store's unit fails. Below the mount point lies an older copy
+// of the lost store (a store used before its disk was mounted there):
+// nothing of it comes up in the lost volume's place.
 const s12Mount = "/srv/s12-lost"
 
 var _ = scenarios.Add(vmrun.Scenario[*run]{
@@ -34,13 +36,18 @@ var _ = scenarios.Add(vmrun.Scenario[*run]{
 			lost=$(vget s12-lost uuid)
 			# Stopped, still enabled: its unit is what the next boot runs.
 			run systemctl stop "sparsevol@$lost.service" || die "stop the lost volume"
+			run cp -a --sparse=always ` + s12Mount + `/store /root/s12-stale || die "copy the store"
 			run umount ` + s12Mount + ` || die "umount image"
 			run rm -f "$img"
+			# The older copy, below the mount point.
+			run cp -a --sparse=always /root/s12-stale ` + s12Mount + `/store || die "stale store"
 			sync
 		`}),
 		vmrun.At("b3-after-clean-reboot", vmrun.Step{Name: "s12-check", Timeout: short, Script: `
 			fact s12.mount "$(systemctl show -P ActiveState -P Result "$(systemd-escape --path --suffix=mount ` + s12Mount + `)" | oneline)"
 			fact s12.lostUnit "$(systemctl is-active "sparsevol@$(vget s12-lost uuid).service")"
+			fact s12.staleBound "$(losetup -j ` + s12Mount + `/store/"$(vget s12-lost uuid)" | wc -l)"
+			fact s12.staleLink "$(test -e "/dev/sparsevol/$(vget s12-lost uuid)" && echo present || echo absent)"
 			check_vol s12-good
 			# Nothing of it for the later boots: the good volume, the lost
 			# one's unit and the fstab line.
@@ -51,6 +58,7 @@ var _ = scenarios.Add(vmrun.Scenario[*run]{
 			run rm -rf "/etc/systemd/system/sparsevol@$lost.service.d"
 			sed -i '\|^/var/lib/e2e-s12.img |d' /etc/fstab
 			run systemctl daemon-reload
+			rm -rf ` + s12Mount + `/store /root/s12-stale
 			rmdir ` + s12Mount + ` || true
 		`}),
 	},
@@ -66,6 +74,9 @@ var _ = scenarios.Add(vmrun.Scenario[*run]{
 		checkBack(t, setup, after, "s12-good")
 		if u := after.Facts["s12.lostUnit"]; u == "active" {
 			t.Errorf("the lost store's volume's unit is %s, want it failed", u)
+		}
+		if n, l := after.Facts["s12.staleBound"], after.Facts["s12.staleLink"]; n != "0" || l != "absent" {
+			t.Errorf("the older store below the failed mount point: %s device(s) bound to the lost volume's file there, its link %s; want none", n, l)
 		}
 	},
 })
