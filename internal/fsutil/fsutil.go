@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -333,6 +334,27 @@ func Flock(fd, how int) error {
 			return err
 		}
 	}
+}
+
+// UnescapeOctal decodes the \NNN escapes the kernel's mount tables
+// and fstab write for bytes that would break their fields (a space is
+// \040).
+func UnescapeOctal(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 // OpenDir opens the directory path for reading its entries, as os.Open

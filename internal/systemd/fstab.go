@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"github.com/moby/sys/mountinfo"
@@ -94,29 +93,10 @@ func fstabMountPoints(data []byte) []string {
 		if len(f) < 2 {
 			continue
 		}
-		mp := filepath.Clean(unescapeOctal(f[1]))
+		mp := filepath.Clean(fsutil.UnescapeOctal(f[1]))
 		if filepath.IsAbs(mp) && mp != "/" {
 			out = append(out, mp)
 		}
 	}
 	return out
-}
-
-// unescapeOctal decodes fstab's \NNN escapes (a space is \040).
-func unescapeOctal(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

@@ -1146,6 +1146,23 @@ func firstLast(t *testing.T, path string) (uint64, uint64) {
 // a look at one moment finds it unused), is never labelled quiet: on a
 // reflink store it is crash-consistent (a clone is taken at one
 // instant), on a copy store torn (the copy reads the file over time),
+
+// writtenBlockVolume makes s a whole-device block volume "w" of size
+// bytes, attached, filled with random data: what the tests of copies
+// under a raw writer (rawWriter) copy.
+func writtenBlockVolume(t *testing.T, s *Store, size int64) (*Volume, *Status) {
+	t.Helper()
+	v := mustCreate(t, s, CreateRequest{Name: "w", SizeBytes: size, Mode: ModeBlock, NoPartition: true, KeepAttached: true})
+	st, err := s.Status(v.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload := make([]byte, size)
+	rand.Read(payload)
+	writeData(t, v, st, payload)
+	return v, st
+}
+
 // and a copy that holds a state no crash leaves is always labelled torn.
 func TestSnapshotLabelUnderRawWriter(t *testing.T) {
 	want := map[CopyMethod]Consistency{CopyReflink: ConsistencyCrash, CopySparse: ConsistencyTorn}
@@ -1153,14 +1170,7 @@ func TestSnapshotLabelUnderRawWriter(t *testing.T) {
 		t.Run(sk.fs+"-store", func(t *testing.T) {
 			s := fsStore(t, sk.fs, Options{})
 			ctx := context.Background()
-			v := mustCreate(t, s, CreateRequest{Name: "w", SizeBytes: 150 << 20, Mode: ModeBlock, NoPartition: true, KeepAttached: true})
-			st, err := s.Status(v.Name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			payload := make([]byte, 150<<20)
-			rand.Read(payload)
-			writeData(t, v, st, payload)
+			v, st := writtenBlockVolume(t, s, 150<<20)
 			rounds, stop := rawWriter(t, st.DataDevice)
 			before := rounds()
 			sn, err := s.CreateSnapshot(ctx, v.Name, "s1", SnapshotOptions{})
@@ -1200,14 +1210,7 @@ func TestCloneUnderRawWriter(t *testing.T) {
 		t.Run(sk.fs+"-store", func(t *testing.T) {
 			s := fsStore(t, sk.fs, Options{})
 			ctx := context.Background()
-			v := mustCreate(t, s, CreateRequest{Name: "w", SizeBytes: 64 << 20, Mode: ModeBlock, NoPartition: true, KeepAttached: true})
-			st, err := s.Status(v.Name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			payload := make([]byte, 64<<20)
-			rand.Read(payload)
-			writeData(t, v, st, payload)
+			v, st := writtenBlockVolume(t, s, 64<<20)
 			_, stop := rawWriter(t, st.DataDevice)
 			c, err := s.Create(ctx, CreateRequest{Name: "c", CloneOf: v.Name})
 			stop()
@@ -1237,17 +1240,10 @@ func TestCloneUnderRawWriter(t *testing.T) {
 func TestExportUnderRawWriter(t *testing.T) {
 	s := fsStore(t, "ext4", Options{})
 	ctx := context.Background()
-	v := mustCreate(t, s, CreateRequest{Name: "w", SizeBytes: 64 << 20, Mode: ModeBlock, NoPartition: true, KeepAttached: true})
-	st, err := s.Status(v.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	payload := make([]byte, 64<<20)
-	rand.Read(payload)
-	writeData(t, v, st, payload)
+	v, st := writtenBlockVolume(t, s, 64<<20)
 	_, stop := rawWriter(t, st.DataDevice)
 	var stream bytes.Buffer
-	_, err = s.Export(ctx, v.Name, &stream, StreamOptions{})
+	_, err := s.Export(ctx, v.Name, &stream, StreamOptions{})
 	stop()
 	if !errors.Is(err, ErrBusy) {
 		t.Errorf("export under a writer = %v, want ErrBusy", err)

@@ -24,6 +24,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sparsevol/sparsevol/internal/fsutil"
 	"github.com/sparsevol/sparsevol/internal/testutil"
 )
 
@@ -590,28 +591,9 @@ func readMountInfo(t *testing.T) []mountEntry {
 		if len(f) < 5 {
 			continue
 		}
-		out = append(out, mountEntry{id: f[0], dev: f[2], point: unescapeMount(f[4]), line: line})
+		out = append(out, mountEntry{id: f[0], dev: f[2], point: fsutil.UnescapeOctal(f[4]), line: line})
 	}
 	return out
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // mounts returns the mountinfo lines of mount points under the case
