@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	systemdunit "github.com/sparsevol/sparsevol/deploy/systemd"
+	"github.com/sparsevol/sparsevol/internal/testutil"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
@@ -91,13 +92,14 @@ func TestEnabledInstances(t *testing.T) {
 // point): the directory below a mount point is not the store, and may
 // hold an older one with the same volumes. Once mounted, it is listed.
 func TestEnabledVolumesLeaveOutUnmountedStores(t *testing.T) {
+	testutil.RequireRoot(t) // mounts a tmpfs
 	const a, b, c = "0aaaaaaa-0000-4000-8000-000000000001", "0bbbbbbb-0000-4000-8000-000000000002", "0ccccccc-0000-4000-8000-000000000003"
 	mnt := filepath.Join(t.TempDir(), "disk")
 	if err := os.MkdirAll(filepath.Join(mnt, "store"), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	m := newTestManager(t, "/srv/store")
-	fstab := "# a comment\nUUID=0000 / ext4 defaults 0 1\n/dev/sdb1 " + strings.ReplaceAll(mnt, " ", `\040`) + " ext4 nofail 0 2\nnone swap swap sw 0 0\n"
+	fstab := "# a comment\nUUID=0000 / ext4 defaults 0 1\n/dev/sdb1 " + mnt + " ext4 nofail 0 2\nnone swap swap sw 0 0\n"
 	if err := os.WriteFile(m.Fstab, []byte(fstab), 0o644); err != nil {
 		t.Fatal(err)
 	}
