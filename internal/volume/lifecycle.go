@@ -151,12 +151,8 @@ func (s *Store) disableBroken(ctx context.Context, uuid string) error {
 // reached by a later store's wait.
 func AttachEnabled(ctx context.Context, lc Lifecycle, opts Options) ([]*Status, error) {
 	if _, ok := ctx.Deadline(); !ok {
-		timeout := opts.UdevTimeout
-		if timeout == 0 {
-			timeout = defaultUdevTimeout
-		}
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, timeout)
+		ctx, cancel = context.WithTimeout(ctx, opts.udevTimeout())
 		defer cancel()
 	}
 	enabled, listErr := lc.EnabledVolumes()

@@ -32,6 +32,14 @@ const DefaultRoot = "/var/lib/sparsevol"
 // defaultUdevTimeout is Options.UdevTimeout's default.
 const defaultUdevTimeout = 30 * time.Second
 
+// udevTimeout is o.UdevTimeout, or its default where it is not set.
+func (o Options) udevTimeout() time.Duration {
+	if o.UdevTimeout == 0 {
+		return defaultUdevTimeout
+	}
+	return o.UdevTimeout
+}
+
 // RootEnv names the environment variable that selects the store.
 const RootEnv = "SPARSEVOL_ROOT"
 
@@ -157,9 +165,7 @@ func Open(root string, opts Options) (*Store, error) {
 	if err := opts.IOLimits.Validate(); err != nil {
 		return nil, fmt.Errorf("open store %s: %w: %w", abs, err, ErrInvalid)
 	}
-	if opts.UdevTimeout == 0 {
-		opts.UdevTimeout = defaultUdevTimeout
-	}
+	opts.UdevTimeout = opts.udevTimeout()
 	if opts.FreezeTimeout == 0 {
 		opts.FreezeTimeout = 60 * time.Second
 	}
