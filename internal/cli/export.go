@@ -21,9 +21,9 @@ data extents with their offsets (never the holes), and a CRC-32C checksum.
 ` + "`sparsevol import`" + ` reads it on this or another node. A volume is
 exported only while nothing uses it: one used or written while it is read
 fails the export, and the stream, left without its end, fails the import.
-For a volume in use, take a snapshot and export that. Refuses a terminal as stdout, and a file of the store
-(which the stream would overwrite). Shows progress when stderr is a
-terminal.`,
+For a volume in use, take a snapshot and export that. Refuses a terminal
+as stdout, and a file of the store (which the stream would overwrite).
+Shows progress when stderr is a terminal.`,
 		Example: `  sparsevol export data | ssh node2 sparsevol import data
   sparsevol snapshot create data nightly && sparsevol export nightly | zstd > /backup/data.svs.zst
   zstd -dc /backup/data.svs.zst | sparsevol import data-restored`,

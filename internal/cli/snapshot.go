@@ -41,8 +41,7 @@ A mounted filesystem is frozen while its file is copied (at most the
 freeze timeout); an unmounted volume needs nothing; a block volume in use
 is copied crash-consistent on a reflink store and torn elsewhere (a copy
 read over time: stop its writer first). Rerunning it returns the same
-snapshot. Shows
-progress on the copy path when stderr is a terminal.`,
+snapshot. Shows progress on the copy path when stderr is a terminal.`,
 		Example: `  sparsevol snapshot create data data-monday
   sparsevol snapshot create 6f1c3a52-2f9e-4d7b-9a51-0c7f2d3e4b5a before-upgrade`,
 		Args: exactArgs(2),

@@ -86,7 +86,7 @@ func (g *healthGate) run() *healthRun {
 	if r := g.last; r != nil {
 		select {
 		case <-r.done:
-			if time.Now().Sub(r.ended) < healthFresh {
+			if time.Since(r.ended) < healthFresh {
 				return r
 			}
 		default:

@@ -254,10 +254,9 @@ func (s *Store) copyFromSnapshot(ctx context.Context, dst int, sn *Snapshot, pro
 // quiescing it (a mounted filesystem is frozen) for the copy. A copy that
 // may be torn (quiesced.settle: a volume in use and written, copied
 // over time) is refused with ErrBusy: a clone carries no label saying
-// so. The caller
-// holds the volume's lock; the volume is read again under it, and one
-// that is no longer ready or no longer of the size src was resolved at
-// (expanded since) is ErrNotReady.
+// so. The caller holds the volume's lock; the volume is read again
+// under it, and one that is no longer ready or no longer of the size src
+// was resolved at (expanded since) is ErrNotReady.
 func (s *Store) copyFromVolume(ctx context.Context, dst int, src *source, progress func(done, total int64)) error {
 	v, err := s.readMeta(src.uuid)
 	if err != nil {

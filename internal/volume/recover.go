@@ -36,10 +36,11 @@ const recoverChunk = 1 << 20
 // of a mounted filesystem is not consistent: unmount it first), when
 // the volume is not orphaned, when its record is not ready (ErrNotReady:
 // one left creating or deleting; withVolume refuses a broken or newer
-// record, ErrBroken, ErrNewer), and when the store's filesystem has
-// not the room for the copy (ErrNoSpace, see copyOut). A crash midway leaves the old device and a
-// temporary file (recoverTempName) that the next Recover replaces and
-// Delete removes.
+// record, ErrBroken, ErrNewer), when the store's filesystem has not the
+// room for the copy (ErrNoSpace, see copyOut), and when a device was
+// written during the copy (ErrBusy, unwrittenSince). A crash midway
+// leaves the old device and a temporary file (recoverTempName) that the
+// next Recover replaces and Delete removes.
 func (s *Store) Recover(ctx context.Context, ref string, opts RecoverOptions) (*Status, error) {
 	var out *Status
 	err := s.withVolume(ref, func(v *Volume) error {

@@ -172,8 +172,8 @@ func (s *Store) readSnapMeta(uuid string) (*Snapshot, error) {
 // every volume's) and name (ValidateName, as every volume's), a group
 // named as CreateSnapshotGroup names one (or none), labels as
 // ValidateLabels admits them, a consistency and a copy method the store
-// gives (or none, as records before them), and a valid name. The error carries no error
-// class; readSnapMeta makes it ErrBroken.
+// gives (or none, as records before them), and a valid name. The error
+// carries no error class; readSnapMeta makes it ErrBroken.
 func (sn *Snapshot) check() error {
 	if err := checkLayout(sn.Mode, sn.FSType, sn.Partitioned, sn.SizeBytes, sn.BlockSize, sizeKept); err != nil {
 		return err

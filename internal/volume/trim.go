@@ -214,8 +214,7 @@ func fstrim(ctx context.Context, mounts []string, devnum uint64) (trimmed uint64
 // free, which other volumes share (roomFor): otherwise ErrNoSpace, and
 // nothing is allocated. Only a file that had holes filled is synced, so a
 // boot over many intact thick volumes pays one fallocate each and no
-// journal commits. before and after are the
-// bytes the file held.
+// journal commits. before and after are the bytes the file held.
 func (s *Store) reallocate(v *Volume, fd int) (before, after int64, err error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
