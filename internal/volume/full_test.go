@@ -57,6 +57,23 @@ func fillStore(t *testing.T, s *Store, free int64) {
 }
 
 // freeBytes is what s's filesystem has available.
+// refusedForSpace runs op, which must be refused with ErrNoSpace (what
+// says what it asked for) before it changes the store or takes any of
+// what is free.
+func refusedForSpace(t *testing.T, s *Store, what string, op func() error) {
+	t.Helper()
+	before, free := storeTree(t, s), freeBytes(t, s)
+	if err := op(); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("%s with %dKiB free: %v, want ErrNoSpace", what, free>>10, err)
+	}
+	if after := storeTree(t, s); !slices.Equal(after, before) {
+		t.Errorf("the store changed:\n%q\nwas\n%q", after, before)
+	}
+	if got := freeBytes(t, s); got < free {
+		t.Errorf("free space %d after the refusal, %d before", got, free)
+	}
+}
+
 func freeBytes(t *testing.T, s *Store) int64 {
 	t.Helper()
 	var st unix.Statfs_t
@@ -117,17 +134,7 @@ func TestCopyRefusedBeyondFreeSpace(t *testing.T) {
 				t.Fatal(err)
 			}
 			fillStore(t, s, 16<<20)
-			before, free := storeTree(t, s), freeBytes(t, s)
-			err := tt.op(s)
-			if !errors.Is(err, ErrNoSpace) {
-				t.Fatalf("copy of 64MiB with %dKiB free: %v, want ErrNoSpace", free>>10, err)
-			}
-			if after := storeTree(t, s); !slices.Equal(after, before) {
-				t.Errorf("the store changed:\n%q\nwas\n%q", after, before)
-			}
-			if got := freeBytes(t, s); got < free {
-				t.Errorf("free space %d after the refusal, %d before", got, free)
-			}
+			refusedForSpace(t, s, "copy of 64MiB", func() error { return tt.op(s) })
 		})
 	}
 }
