@@ -87,20 +87,30 @@ func TestSetRemove(t *testing.T) {
 	}
 }
 
+// podsCgroup is the setting of the tests of Set's undo: a private cgroup
+// v2 hierarchy mounted at m whose top cgroup top is the test's, the pods'
+// cgroup cg below it (not made), and a loop device's number dev. Where
+// the hierarchy offers no io controller the test is skipped as
+// testutil.HostLacks says: the VM suite's guest runs it.
+func podsCgroup(t *testing.T) (m, top, cg string, dev uint64) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	m, top = testutil.PrivateCgroup2(t)
+	if testutil.HostLacks(t, testutil.FeatureIOLimits, Config{Mount: m, Cgroup: top}.Supported()) {
+		t.Skip("no io controller here; the VM suite's guest run has one and runs this")
+	}
+	_, dev = loopDevice(t)
+	return m, top, filepath.Join(top, "pods"), dev
+}
+
 // TestRefusedSetChangesNothing: a Set whose io.max write the kernel
 // refuses (a device number no block device has) takes back what it did
 // itself, and only that: the cgroups it made are gone, the io controller
 // it enabled is disabled again, and cgroups and controllers that were
 // there before stay.
 func TestRefusedSetChangesNothing(t *testing.T) {
-	testutil.RequireRoot(t)
-	m, top := testutil.PrivateCgroup2(t)
-	if testutil.HostLacks(t, testutil.FeatureIOLimits, Config{Mount: m, Cgroup: top}.Supported()) {
-		t.Skip("no io controller here; the VM suite's guest run has one and runs this")
-	}
-	_, dev := loopDevice(t)
+	m, top, cg, dev := podsCgroup(t)
 	noDevice := unix.Mkdev(0, 1<<19) // major 0 names no block device
-	cg := filepath.Join(top, "pods")
 	subtreeIO := func(t *testing.T, dir string) bool {
 		t.Helper()
 		data, err := os.ReadFile(filepath.Join(m, dir, "cgroup.subtree_control"))
@@ -177,13 +187,7 @@ func TestRefusedSetChangesNothing(t *testing.T) {
 // keep its limit. Sets are serialised on the hierarchy (lockHierarchy):
 // the second waits for the first's undo, then enables io again itself.
 func TestRefusedSetKeepsAConcurrentSet(t *testing.T) {
-	testutil.RequireRoot(t)
-	m, top := testutil.PrivateCgroup2(t)
-	if testutil.HostLacks(t, testutil.FeatureIOLimits, Config{Mount: m, Cgroup: top}.Supported()) {
-		t.Skip("no io controller here; the VM suite's guest run has one and runs this")
-	}
-	_, dev := loopDevice(t)
-	cg := filepath.Join(top, "pods")
+	m, top, cg, dev := podsCgroup(t)
 	t.Cleanup(func() {
 		os.Remove(filepath.Join(m, cg))
 		os.Remove(filepath.Join(m, top))
