@@ -106,10 +106,10 @@ func (s *Store) statusOf(v *Volume) *Status {
 // last published for v), or none at all when v's backing file is open
 // nowhere else (unboundFile). ids and present are backingIDs(v); a file
 // gone, replaced under a device (two identities) or one that cannot be
-// opened is left to the scan. Devices someone else bound beside v's own are refused when
-// v's device is bound and by detach and delete, and reported by
-// Statuses (list, doctor), which scan once for all; they are not looked
-// for here.
+// opened is left to the scan. Devices someone else bound beside v's own
+// are refused when v's device is bound and by detach and delete, and
+// reported by Statuses (list, doctor), which scan once for all; they are
+// not looked for here.
 func (s *Store) ownDevices(v *Volume, ids []loop.FileID, present loop.FileID) (ours []*loop.Device, ok bool) {
 	if len(ids) != 1 || ids[0] != present {
 		return nil, false
