@@ -82,6 +82,22 @@ func TestRenderShipped(t *testing.T) {
 	}
 }
 
+// TestBootUnitRequiresNoMount: the boot unit serves every store, so no
+// store's mount may be one it requires: a failed mount of the default
+// store (a disk of its own) would fail it, and with it the volumes of
+// every other store. It wants the mounts the generator names (scenario
+// 12 of test/vm proves that a failed one costs only its volumes).
+func TestBootUnitRequiresNoMount(t *testing.T) {
+	for _, root := range []string{"", "/srv/store"} {
+		for line := range strings.SplitSeq(render(systemdunit.Boot, "", root), "\n") {
+			key, value, _ := strings.Cut(line, "=")
+			if key == "RequiresMountsFor" || (key == "Requires" || key == "BindsTo" || key == "Requisite") && strings.Contains(value, ".mount") {
+				t.Errorf("root %q: the boot unit has %q", root, line)
+			}
+		}
+	}
+}
+
 // TestUnitsVerify runs systemd-analyze verify on the shipped units and on
 // an instance of the template with the generator's boot-mode drop-in; any
 // diagnostic about them (it exits 0 on mere warnings) fails the test.
