@@ -7,8 +7,8 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/sparsevol/sparsevol/internal/k8sname"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
@@ -59,7 +59,7 @@ their PersistentVolume is the driver's.`,
 				if node, err = defaultNode(); err != nil {
 					return err
 				}
-				if err := checkK8sName("node (this host's name)", node, validation.IsValidLabelValue); err != nil {
+				if err := checkK8sName("node (this host's name)", node, k8sname.LabelValue); err != nil {
 					return err
 				}
 			}
@@ -100,9 +100,9 @@ func checkPVFlags(name, storageClass, node string) error {
 		flag, value string
 		check       func(string) []string
 	}{
-		{"--name", name, validation.IsDNS1123Subdomain},
-		{"--storage-class", storageClass, validation.IsDNS1123Subdomain},
-		{"--node", node, validation.IsValidLabelValue},
+		{"--name", name, k8sname.Subdomain},
+		{"--storage-class", storageClass, k8sname.Subdomain},
+		{"--node", node, k8sname.LabelValue},
 	} {
 		if f.value == "" {
 			continue
@@ -183,7 +183,7 @@ func pvManifest(pv *persistentVolume) ([]byte, error) {
 func buildPV(v *volume.Volume, name, storageClass, node string) *persistentVolume {
 	if name == "" {
 		name = v.Name
-		if len(validation.IsDNS1123Subdomain(name)) > 0 {
+		if len(k8sname.Subdomain(name)) > 0 {
 			name = "sparsevol-" + v.UUID
 		}
 	}

@@ -17,8 +17,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/sparsevol/sparsevol/internal/k8sname"
 	"github.com/sparsevol/sparsevol/internal/volume"
 )
 
@@ -55,7 +55,7 @@ func checkNodeID(id string) error {
 	if id == "" {
 		return fmt.Errorf("node id is empty; give the node's name (the downward API's spec.nodeName): %w", volume.ErrInvalid)
 	}
-	if msgs := append(validation.IsDNS1123Subdomain(id), validation.IsValidLabelValue(id)...); len(msgs) > 0 {
+	if msgs := append(k8sname.Subdomain(id), k8sname.LabelValue(id)...); len(msgs) > 0 {
 		return fmt.Errorf("node id %s is not a Kubernetes node name that can be a label value (%s); give the node's name (the downward API's spec.nodeName): %w",
 			volume.Quote(id), strings.Join(msgs, "; "), volume.ErrInvalid)
 	}
