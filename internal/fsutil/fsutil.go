@@ -338,7 +338,8 @@ func Flock(fd, how int) error {
 
 // UnescapeOctal decodes the \NNN escapes the kernel's mount tables
 // and fstab write for bytes that would break their fields (a space is
-// \040).
+// \040), as libmount decodes them: three octal digits, their value
+// modulo 256 (\457 is "/").
 func UnescapeOctal(s string) string {
 	if !strings.Contains(s, `\`) {
 		return s
@@ -346,7 +347,7 @@ func UnescapeOctal(s string) string {
 	var b strings.Builder
 	for i := 0; i < len(s); i++ {
 		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 16); err == nil {
 				b.WriteByte(byte(n))
 				i += 3
 				continue

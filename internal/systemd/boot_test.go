@@ -123,9 +123,14 @@ func TestEnabledVolumesLeaveOutUnmountedStores(t *testing.T) {
 	}
 }
 
+// TestFstabMountPoints: fields split as libmount splits them (spaces and
+// tabs, nothing else), escapes decoded as libmount decodes them (\457
+// is "/"), and a line without a filesystem type, which systemd skips,
+// is no mount point.
 func TestFstabMountPoints(t *testing.T) {
-	got := fstabMountPoints([]byte("# c\n\nUUID=1 / ext4 defaults 0 1\n/dev/sdb1\t/srv/disk\\040two/ xfs nofail 0 2\nnone swap swap sw 0 0\nbroken\nLABEL=x /mnt/a\\134b ext4\n"))
-	if want := []string{"/srv/disk two", `/mnt/a\b`}; !reflect.DeepEqual(got, want) {
+	got := fstabMountPoints([]byte("# c\n\nUUID=1 / ext4 defaults 0 1\n/dev/sdb1\t/srv/disk\\040two/ xfs nofail 0 2\nnone swap swap sw 0 0\nbroken\n" +
+		"LABEL=x /mnt/a\\134b ext4\n/dev/sdc1 /var/lib\n/dev/sdd1 /var/\u00a0old ext4 nofail 0 0\n/dev/sde1 /data\\457lib  ext4\n"))
+	if want := []string{"/srv/disk two", `/mnt/a\b`, "/var/\u00a0old", "/data/lib"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("fstabMountPoints = %q, want %q", got, want)
 	}
 }

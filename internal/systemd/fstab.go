@@ -80,17 +80,19 @@ func (g *mountGuard) unmounted(paths ...string) string {
 
 // fstabMountPoints lists the absolute mount points of an fstab's entries
 // (octal escapes such as \040 decoded), / left out: it is always mounted.
+// Lines are read as libmount reads them: fields split at spaces and tabs
+// only, and a line without a filesystem type is no entry.
 func fstabMountPoints(data []byte) []string {
 	var out []string
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(make([]byte, 0, 4096), maxFstab)
 	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
+		line := strings.Trim(sc.Text(), " \t")
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		f := strings.Fields(line)
-		if len(f) < 2 {
+		f := strings.FieldsFunc(line, func(r rune) bool { return r == ' ' || r == '\t' })
+		if len(f) < 3 {
 			continue
 		}
 		mp := filepath.Clean(fsutil.UnescapeOctal(f[1]))
