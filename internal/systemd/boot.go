@@ -182,7 +182,8 @@ func (in Instance) check(rootFrom, mountsFrom string) error {
 // stores (volume.Lifecycle, what boot attaches), with EnabledInstances'
 // error for those it left out. It also leaves out, and names in the
 // error (volume.ErrUnsafe), an instance whose store or RequiresMountsFor=
-// paths lie at or below a mount point of the fstab that is not mounted:
+// paths lie at or below a mount point of the fstab, or of a mount unit's
+// file in the unit path, that is not mounted:
 // the boot unit only wants the stores' mounts, so it runs after one that
 // failed, and what it would find there is the directory below the mount
 // point, not the store (mountGuard). The instance's own unit requires
@@ -193,15 +194,15 @@ func (m Manager) EnabledVolumes() ([]volume.EnabledVolume, error) {
 	var guard *mountGuard
 	if len(insts) > 0 {
 		var gerr error
-		if guard, gerr = newMountGuard(m.fstab()); gerr != nil {
+		if guard, gerr = newMountGuard(m.fstab(), m.unitPath()); gerr != nil {
 			return nil, errors.Join(err, fmt.Errorf("enabled volumes: %w", gerr))
 		}
 	}
 	out := make([]volume.EnabledVolume, 0, len(insts))
 	for _, in := range insts {
-		if mp := guard.unmounted(append([]string{in.Root}, in.MountsFor...)...); mp != "" {
+		if mp, where := guard.unmounted(append([]string{in.Root}, in.MountsFor...)...); mp != "" {
 			errs = append(errs, fmt.Errorf("enabled unit %s: %s (in %s) is not mounted, and below it is not the store %s: left for its unit, which waits for the mount; mount it, or see `systemctl status %s`: %w",
-				UnitName(in.UUID), mp, guard.fstab, in.Root, mountUnit(mp), volume.ErrUnsafe))
+				UnitName(in.UUID), mp, where, in.Root, mountUnit(mp), volume.ErrUnsafe))
 			continue
 		}
 		out = append(out, volume.EnabledVolume{UUID: in.UUID, Root: in.Root})
@@ -271,11 +272,13 @@ func (m Manager) generate(dir string, insts []Instance) error {
 	if len(insts) == 0 {
 		return nil
 	}
+	// Each path as written and with its links resolved where it can be
+	// now: systemd names a mount unit by the directory it mounts, the
+	// fstab's mount point resolved.
 	mounts := map[string]bool{}
 	for _, in := range insts {
-		mounts[in.Root] = true
-		for _, p := range in.MountsFor {
-			mounts[p] = true
+		for _, p := range append([]string{in.Root}, in.MountsFor...) {
+			mounts[p], mounts[resolved(p)] = true, true
 		}
 	}
 	var paths []string

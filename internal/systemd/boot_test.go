@@ -135,6 +135,90 @@ func TestFstabMountPoints(t *testing.T) {
 	}
 }
 
+// TestEnabledVolumesLeaveOutUnmountedUnitStores: a mount point defined
+// by a mount unit's file, not in the fstab, guards the stores below it
+// as an fstab entry does, unless the unit is masked; and an fstab mount
+// point written through a symbolic link is the directory systemd mounts
+// (the link resolved), for the stores written either way.
+func TestEnabledVolumesLeaveOutUnmountedUnitStores(t *testing.T) {
+	testutil.RequireRoot(t) // mounts a tmpfs
+	const a, b = "0aaaaaaa-0000-4000-8000-000000000001", "0bbbbbbb-0000-4000-8000-000000000002"
+	dir := t.TempDir()
+	disk, real := filepath.Join(dir, "disk"), filepath.Join(dir, "real")
+	for _, d := range []string{filepath.Join(disk, "store"), filepath.Join(real, "data", "store")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink("real", link); err != nil {
+		t.Fatal(err)
+	}
+	m := newTestManager(t, "/srv/store")
+	unitFile := filepath.Join(m.Dir, mountUnit(disk))
+	if err := os.WriteFile(unitFile, []byte("[Mount]\nWhat=/dev/vdb\nWhere="+disk+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(m.Fstab, []byte("/dev/vdc "+link+"/data ext4 nofail 0 2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	enable(t, m, a, filepath.Join(disk, "store"), filepath.Join(disk, "store"))
+	enable(t, m, b, filepath.Join(link, "data", "store"), filepath.Join(link, "data", "store"))
+	check := func(what string, want []volume.EnabledVolume, unsafe ...string) {
+		t.Helper()
+		vols, err := m.EnabledVolumes()
+		if len(vols) == 0 {
+			vols = nil
+		}
+		if !reflect.DeepEqual(vols, want) {
+			t.Errorf("%s: EnabledVolumes = %+v, want %+v (error %v)", what, vols, want, err)
+		}
+		if len(unsafe) == 0 && err != nil {
+			t.Errorf("%s: EnabledVolumes: %v", what, err)
+		}
+		for _, u := range unsafe {
+			if !errors.Is(err, volume.ErrUnsafe) || !strings.Contains(err.Error(), u) {
+				t.Errorf("%s: EnabledVolumes error %v, want ErrUnsafe naming %q", what, err, u)
+			}
+		}
+	}
+	check("neither mounted", nil, disk+" (in "+unitFile+") is not mounted", filepath.Join(real, "data")+" (in "+m.Fstab+") is not mounted")
+	// The boot unit waits for the mount systemd makes: the link resolved.
+	out := t.TempDir()
+	if err := m.Generate(out); err != nil {
+		t.Fatal(err)
+	}
+	if boot, err := os.ReadFile(filepath.Join(out, BootUnit+".d", bootDropIn)); err != nil || !slices.Contains(strings.Fields(strings.ReplaceAll(string(boot), "=", " ")), mountUnit(filepath.Join(real, "data"))) {
+		t.Errorf("the boot unit's drop-in does not name %s:\n%s", mountUnit(filepath.Join(real, "data")), boot)
+	}
+
+	mount := func(at string) {
+		t.Helper()
+		if err := unix.Mount("tmpfs", at, "tmpfs", 0, "size=1m"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Unmount(at, unix.MNT_DETACH) })
+	}
+	mount(filepath.Join(real, "data")) // where systemd mounts the fstab's link/data
+	check("the fstab's mounted at the link's target", []volume.EnabledVolume{{UUID: b, Root: filepath.Join(link, "data", "store")}}, disk+" (in "+unitFile+")")
+
+	for _, mask := range []func() error{
+		func() error { return os.WriteFile(unitFile, nil, 0o644) },
+		func() error { os.Remove(unitFile); return os.Symlink(os.DevNull, unitFile) },
+	} {
+		if err := mask(); err != nil {
+			t.Fatal(err)
+		}
+		check("the unit masked", []volume.EnabledVolume{{UUID: a, Root: filepath.Join(disk, "store")}, {UUID: b, Root: filepath.Join(link, "data", "store")}})
+	}
+	os.Remove(unitFile)
+	if err := os.WriteFile(unitFile, []byte("[Mount]\nWhat=/dev/vdb\nWhere="+disk+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mount(disk)
+	check("both mounted", []volume.EnabledVolume{{UUID: a, Root: filepath.Join(disk, "store")}, {UUID: b, Root: filepath.Join(link, "data", "store")}})
+}
+
 // TestGenerateRefusesInstanceNames: an enabled instance whose name is not
 // a volume UUID gets no drop-in and is not listed for boot; the generator
 // says so (ErrInvalid) and still writes the drop-ins of the others.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -27,32 +28,60 @@ func (m Manager) fstab() string {
 	return m.Fstab
 }
 
+// SystemUnitPath is systemd's search path for system units, first found
+// first (systemd.unit(5)), with Debian's /lib/systemd/system beside
+// /usr/lib's: where a mount unit that is not in the fstab is defined (a
+// unit file an administrator or an installer such as Ignition wrote).
+var SystemUnitPath = []string{
+	"/etc/systemd/system.control", "/run/systemd/system.control", "/run/systemd/transient",
+	"/run/systemd/generator.early", "/etc/systemd/system", "/etc/systemd/system.attached",
+	"/run/systemd/system", "/run/systemd/system.attached", "/run/systemd/generator",
+	"/usr/local/lib/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system",
+	"/run/systemd/generator.late",
+}
+
+// unitPath is where EnabledVolumes looks for mount units: UnitPath, or
+// SystemUnitPath for the node's own unit directory, or only Dir for
+// another (a staged root, a test).
+func (m Manager) unitPath() []string {
+	switch {
+	case m.UnitPath != nil:
+		return m.UnitPath
+	case m.dir() == DefaultUnitDir:
+		return SystemUnitPath
+	}
+	return []string{m.dir()}
+}
+
 // mountGuard answers, for the paths of an instance, whether a filesystem
-// the fstab mounts at or above one of them is not mounted now. The boot
-// unit only wants the stores' mounts (a failed one fails only its own
-// instances), so its attach runs after a mount that failed, and the
-// directory it finds there is what lies below the mount point: not the
-// store the unit names, maybe an older one with the same volumes, whose
-// data must not come up in their place.
+// that the node mounts at or above one of them (an fstab entry, or a
+// mount unit's file) is not mounted now. The boot unit only wants the
+// stores' mounts (a failed one fails only its own instances), so its
+// attach runs after a mount that failed, and the directory it finds there
+// is what lies below the mount point: not the store the unit names, maybe
+// an older one with the same volumes, whose data must not come up in
+// their place. Paths and fstab mount points are compared with their
+// symbolic links resolved, as systemd resolves a mount point.
 type mountGuard struct {
-	fstab   string
-	points  []string        // fstab mount points but /, cleaned
-	mounted map[string]bool // mount points of this mount namespace
+	fstab     string
+	points    []string          // fstab mount points but /, resolved
+	unitPath  []string          // directories searched for mount units
+	unitFiles map[string]string // mountUnitFile's answers, by directory
+	mounted   map[string]bool   // mount points of this mount namespace
 }
 
 // newMountGuard reads fstab and this mount namespace's mounts once. A
 // missing fstab lists no mount point.
-func newMountGuard(fstab string) (*mountGuard, error) {
-	g := &mountGuard{fstab: fstab, mounted: map[string]bool{}}
+func newMountGuard(fstab string, unitPath []string) (*mountGuard, error) {
+	g := &mountGuard{fstab: fstab, unitPath: unitPath, unitFiles: map[string]string{}, mounted: map[string]bool{}}
 	data, err := fsutil.ReadRegularFollowing(fstab, maxFstab)
 	switch {
 	case err == nil:
-		g.points = fstabMountPoints(data)
+		for _, mp := range fstabMountPoints(data) {
+			g.points = append(g.points, resolved(mp))
+		}
 	case !errors.Is(err, fs.ErrNotExist):
 		return nil, fmt.Errorf("read %s: %w", fstab, err)
-	}
-	if len(g.points) == 0 {
-		return g, nil
 	}
 	mounts, err := mountinfo.GetMounts(nil)
 	if err != nil {
@@ -64,18 +93,72 @@ func newMountGuard(fstab string) (*mountGuard, error) {
 	return g, nil
 }
 
-// unmounted returns the first fstab mount point at or above one of paths
-// that is not mounted, or "".
-func (g *mountGuard) unmounted(paths ...string) string {
+// unmounted returns the first mount point at or above one of paths that
+// the fstab or a mount unit names and that is not mounted, with where it
+// is defined; "" if there is none.
+func (g *mountGuard) unmounted(paths ...string) (point, where string) {
 	for _, p := range paths {
-		p = filepath.Clean(p)
+		if p = resolved(p); !filepath.IsAbs(p) {
+			continue
+		}
 		for _, mp := range g.points {
 			if (p == mp || strings.HasPrefix(p, mp+"/")) && !g.mounted[mp] {
-				return mp
+				return mp, g.fstab
+			}
+		}
+		for dir := p; dir != "/"; dir = filepath.Dir(dir) {
+			if g.mounted[dir] {
+				continue
+			}
+			if file := g.mountUnitFile(dir); file != "" {
+				return dir, file
 			}
 		}
 	}
+	return "", ""
+}
+
+// mountUnitFile returns the file that defines the mount unit of dir, the
+// first in the unit path as systemd loads it; "" if there is none, or
+// if the first is a mask (a link to /dev/null, or an empty file). Each
+// directory is looked up once (the instances of a store share theirs).
+func (g *mountGuard) mountUnitFile(dir string) string {
+	file, ok := g.unitFiles[dir]
+	if !ok {
+		file = g.findMountUnit(dir)
+		g.unitFiles[dir] = file
+	}
+	return file
+}
+
+func (g *mountGuard) findMountUnit(dir string) string {
+	name := mountUnit(dir)
+	for _, d := range g.unitPath {
+		file := filepath.Join(d, name)
+		st, err := os.Lstat(file)
+		if err != nil {
+			continue
+		}
+		if st.Mode()&fs.ModeSymlink != 0 {
+			if target, err := os.Readlink(file); err == nil && target == os.DevNull {
+				return ""
+			}
+		} else if st.Mode().IsRegular() && st.Size() == 0 {
+			return ""
+		}
+		return file
+	}
 	return ""
+}
+
+// resolved is path, cleaned, with its symbolic links resolved where it
+// exists (filepath.EvalSymlinks); as it is otherwise.
+func resolved(path string) string {
+	path = filepath.Clean(path)
+	if r, err := filepath.EvalSymlinks(path); err == nil {
+		return r
+	}
+	return path
 }
 
 // fstabMountPoints lists the absolute mount points of an fstab's entries

@@ -63,6 +63,9 @@ type Manager struct {
 	// Fstab is the file EnabledVolumes reads the node's mount points
 	// from; DefaultFstab if empty.
 	Fstab string
+	// UnitPath is where EnabledVolumes looks for the node's mount units;
+	// if nil, SystemUnitPath when Dir is DefaultUnitDir, else Dir only.
+	UnitPath []string
 }
 
 var _ volume.Lifecycle = Manager{}
