@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+
+	"github.com/sparsevol/sparsevol/internal/parallel"
 )
 
 // Lifecycle is the service manager that brings volumes back at boot: one
@@ -140,15 +143,14 @@ func (s *Store) disableBroken(ctx context.Context, uuid string) error {
 	return nil
 }
 
-// AttachEnabled attaches the volumes of lc's enabled units, store by store,
-// each store in one pass (AttachMany), with opts for every store. It goes
-// on past units lc could not list, stores and volumes that fail, and
-// reports them all; the volumes
-// it attached are returned, store by store. Each store is swept of what
-// killed writers left (see uuids) first: once per boot. ctx's deadline,
-// or else opts.UdevTimeout from the start, bounds the whole of it, every
-// store together, so that a boot unit's TimeoutSec above it is never
-// reached by a later store's wait.
+// AttachEnabled attaches the volumes of lc's enabled units, the stores
+// side by side, each in one pass (AttachMany), with opts for every store.
+// It goes on past units lc could not list, stores and volumes that fail,
+// and reports them all; the volumes it attached are returned, store by
+// store. Each store is swept of what killed writers left (see uuids)
+// first: once per boot. ctx's deadline, or else opts.UdevTimeout from the
+// start, bounds the whole of it, every store together, so that a boot
+// unit's TimeoutSec above it is never reached.
 func AttachEnabled(ctx context.Context, lc Lifecycle, opts Options) ([]*Status, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -167,20 +169,24 @@ func AttachEnabled(ctx context.Context, lc Lifecycle, opts Options) ([]*Status, 
 	if opts.Logger != nil {
 		opts.Logger.Info("attaching the volumes of the enabled units", "units", len(enabled), "stores", len(roots))
 	}
-	var out []*Status
-	errs := []error{listErr}
-	for _, root := range roots {
-		s, err := Open(root, opts)
+	// The stores side by side, each binding its volumes at the start, so
+	// that every store's udev waits run within the one deadline: one
+	// after the other, a store whose links never came spent all of it,
+	// and a later store's raw volumes, bound after it, were refused
+	// before udev could look at them (errProbed) and detached again.
+	sts := make([][]*Status, len(roots))
+	errs := make([]error, len(roots)+1)
+	errs[len(roots)] = listErr
+	parallel.For(len(roots), len(roots), func(i int) {
+		s, err := Open(roots[i], opts)
 		if err != nil {
-			errs = append(errs, err)
-			continue
+			errs[i] = err
+			return
 		}
 		if _, err := s.uuids(); err != nil {
 			s.log.Warn("sweeping the store", "error", err)
 		}
-		sts, err := s.AttachMany(ctx, byRoot[root])
-		out = append(out, sts...)
-		errs = append(errs, err)
-	}
-	return out, errors.Join(errs...)
+		sts[i], errs[i] = s.AttachMany(ctx, byRoot[roots[i]])
+	})
+	return slices.Concat(sts...), errors.Join(errs...)
 }

@@ -341,3 +341,34 @@ func TestAttachEnabledOneDeadline(t *testing.T) {
 		t.Errorf("AttachEnabled took %v for two stores; want one deadline of %v for both", took, timeout)
 	}
 }
+
+// TestAttachEnabledStoresAtOnce: the stores share the one deadline side
+// by side. A store whose volume's link never comes does not spend the
+// time of the store after it, whose raw volume udev handles at once: one
+// after the other, that volume was bound after the deadline, refused
+// before udev could look at it (errProbed) and detached again.
+func TestAttachEnabledStoresAtOnce(t *testing.T) {
+	if udev.Host.Running() {
+		t.Skip("udev runs on this host: " + string(udev.Host) + " has its control socket")
+	}
+	identity := filepath.Join(t.TempDir(), "identity")
+	m := startMiniUdev(t, identity, true, func(bool, int) bool { return true })
+	opts := Options{Udev: m.dir, UdevIdentityDir: identity, UdevTimeout: 2 * time.Second}
+	slow, quick := newStore(t, opts), newStore(t, opts)
+	fs := mustCreate(t, slow, CreateRequest{Name: "fs", SizeBytes: 16 << 20})
+	raw := mustCreate(t, quick, CreateRequest{Name: "raw", SizeBytes: 1 << 20, Mode: ModeBlock, NoPartition: true})
+	for _, s := range []*Store{slow, quick} {
+		t.Cleanup(func() { s.DetachAll(DetachOptions{}) })
+	}
+	list := []EnabledVolume{{fs.UUID, slow.Root()}, {raw.UUID, quick.Root()}}
+	sts, err := AttachEnabled(context.Background(), &fakeLifecycle{list: list}, opts)
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errProbed) {
+		t.Errorf("AttachEnabled = %v; want the filesystem volume's wait to reach the deadline, and no raw volume refused", err)
+	}
+	if !slices.ContainsFunc(sts, func(st *Status) bool { return st.UUID == raw.UUID && st.Device != "" }) {
+		t.Errorf("AttachEnabled returned %d statuses, none of %s with its device", len(sts), raw.Name)
+	}
+	if st, err := quick.Status(raw.UUID); err != nil || st.Device == "" {
+		t.Errorf("%s after the boot: %+v, %v; want it attached", raw.Name, st, err)
+	}
+}
