@@ -791,12 +791,14 @@ type quiesced struct {
 	// consistency is what quiesce found: frozen, quiet (nothing used
 	// the devices), or crash-consistent (something did).
 	consistency Consistency
-	// idle are the devices of a quiet volume with their write counters,
-	// read after their flush, for settle.
-	idle   []idleDevice
-	frozen *frozen
-	store  *Store
-	uuid   string // the volume's, whose freeze note a thaw clears
+	// idle are the devices of a volume not frozen with their write
+	// counters, read after their flush, for settle; unproven if a
+	// device's could not be read or had a write in flight.
+	idle     []idleDevice
+	unproven bool
+	frozen   *frozen
+	store    *Store
+	uuid     string // the volume's, whose freeze note a thaw clears
 }
 
 type idleDevice struct {
@@ -811,22 +813,28 @@ type idleDevice struct {
 // quiesce found unused is unused still and the kernel counted no write
 // to it in between (a writer that opened, wrote and closed between the
 // two Busy checks moves the counters); otherwise crash-consistent for a
-// clone, taken at one instant, and torn for a sparse copy.
+// clone, taken at one instant, and for a sparse copy of devices the
+// kernel counted no write to in between (one state, read over time);
+// torn for a sparse copy of devices that may have been written.
 func (q *quiesced) settle(method CopyMethod) Consistency {
 	c := q.consistency
-	if c == ConsistencyQuiet {
-		for _, d := range q.idle {
-			if loop.Busy(d.dev.Path) != nil {
-				c = ConsistencyCrash
-				break
-			}
-			if w, err := loop.WritesOf(d.dev); err != nil || w != d.writes || !w.Idle() {
-				c = ConsistencyCrash
-				break
-			}
+	if c == ConsistencyFrozen {
+		return c
+	}
+	unwritten := !q.unproven
+	for _, d := range q.idle {
+		if w, err := loop.WritesOf(d.dev); err != nil || w != d.writes || !w.Idle() {
+			unwritten = false
+			break
 		}
 	}
-	if c == ConsistencyCrash && method != CopyReflink {
+	if c == ConsistencyQuiet && !unwritten {
+		c = ConsistencyCrash
+	}
+	if c == ConsistencyQuiet && slices.ContainsFunc(q.idle, func(d idleDevice) bool { return loop.Busy(d.dev.Path) != nil }) {
+		c = ConsistencyCrash
+	}
+	if c == ConsistencyCrash && method != CopyReflink && !unwritten {
 		return ConsistencyTorn
 	}
 	return c
@@ -847,8 +855,8 @@ func (q *quiesced) release() error {
 
 // quiesce makes what the volume's devices (ours, proven by the caller)
 // hold reach the backing file: a mounted filesystem is frozen (which
-// flushes it), and every device's buffers are flushed; of a volume
-// nothing uses, the devices' write counters are read then, for settle.
+// flushes it), and every device's buffers are flushed; of a volume not
+// frozen, the devices' write counters are read then, for settle.
 // The caller holds v's lock, settles the result after its copy where it
 // labels the copy or refuses a torn one, and releases it.
 func (s *Store) quiesce(v *Volume, ours []*loop.Device) (*quiesced, error) {
@@ -894,13 +902,13 @@ func (s *Store) quiesce(v *Volume, ours []*loop.Device) (*quiesced, error) {
 		}
 	}
 	for _, d := range ours {
-		if q.consistency != ConsistencyQuiet {
+		if q.frozen != nil {
 			break
 		}
 		w, err := loop.WritesOf(d)
 		if err != nil || !w.Idle() {
 			// Unproven: nothing shows a writer did not come and go.
-			q.consistency = ConsistencyCrash
+			q.consistency, q.idle, q.unproven = ConsistencyCrash, nil, true
 			break
 		}
 		q.idle = append(q.idle, idleDevice{d, w})

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	osexec "os/exec"
 	"path/filepath"
 	"slices"
@@ -1195,6 +1196,51 @@ func TestSnapshotLabelUnderRawWriter(t *testing.T) {
 			}
 			if err := s.Delete(ctx, v.Name, DetachOptions{}); err != nil {
 				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestCopyOfOpenUnwrittenBlockVolume: a block volume held open, and not
+// written while it is copied, is copied on every store: its snapshot is
+// crash-consistent (it is in use, and the kernel counted no write during
+// the copy, so even a copy read over time holds one state), never torn,
+// and its clone is made, not refused as written.
+func TestCopyOfOpenUnwrittenBlockVolume(t *testing.T) {
+	for _, sk := range storeKinds {
+		t.Run(sk.fs+"-store", func(t *testing.T) {
+			s := fsStore(t, sk.fs, Options{})
+			ctx := context.Background()
+			v, st := writtenBlockVolume(t, s, 32<<20)
+			// Held open by another process, as an application would.
+			reader, err := os.Open(st.DataDevice)
+			if err != nil {
+				t.Fatal(err)
+			}
+			holder := exec.Command("sleep", "60")
+			holder.ExtraFiles = []*os.File{reader}
+			if err := holder.Start(); err != nil {
+				t.Fatal(err)
+			}
+			reader.Close()
+			t.Cleanup(func() { holder.Process.Kill(); holder.Wait() })
+			sn, err := s.CreateSnapshot(ctx, v.Name, "s1", SnapshotOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sn.Consistency != ConsistencyCrash {
+				t.Errorf("snapshot of a volume open and unwritten: %s by %s, want %s", sn.Consistency, sn.Method, ConsistencyCrash)
+			}
+			c, err := s.Create(ctx, CreateRequest{Name: "c", CloneOf: v.Name})
+			if err != nil {
+				t.Fatalf("clone of a volume open and unwritten: %v", err)
+			}
+			holder.Process.Kill()
+			holder.Wait()
+			for _, err := range []error{s.DeleteSnapshot(ctx, sn.UUID), s.Delete(ctx, c.Name, DetachOptions{}), s.Delete(ctx, v.Name, DetachOptions{})} {
+				if err != nil {
+					t.Error(err)
+				}
 			}
 		})
 	}
