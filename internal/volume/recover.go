@@ -88,10 +88,10 @@ func (s *Store) Recover(ctx context.Context, ref string, opts RecoverOptions) (*
 // copyOut copies dev (held while it is read) into a temporary file of the
 // store and, once unwritten says nothing wrote to the volume's devices
 // meanwhile, renames it to <root>/<uuid>. It reads the device once for the
-// chunks that hold data (deviceData) and refuses, before it creates
-// anything, a copy the store's filesystem has not the room for (roomFor,
-// ErrNoSpace); then it copies those chunks (copyRanges), so the copy is
-// sparse.
+// chunks that hold data (deviceData), removes the copy a killed recover
+// left, and refuses, before it creates anything, a copy the store's
+// filesystem has not the room for (roomFor, ErrNoSpace); then it copies
+// those chunks (copyRanges), so the copy is sparse.
 func (s *Store) copyOut(ctx context.Context, v *Volume, dev *loop.Device, opts RecoverOptions, unwritten func() error) error {
 	held, err := loop.Hold(dev.Path, v.owner(dev.Backing))
 	if err != nil {
@@ -113,16 +113,18 @@ func (s *Store) copyOut(ctx context.Context, v *Volume, dev *loop.Device, opts R
 	if err != nil {
 		return err
 	}
-	if err := s.roomFor(need, "the copy of the data on "+dev.Path); err != nil {
-		return err
-	}
 	dir, err := s.dirFD()
 	if err != nil {
 		return err
 	}
 	defer unix.Close(dir)
+	// What a killed recover left goes before the room is counted: its
+	// space is the new copy's.
 	tmp := recoverTempName(v.UUID)
-	_ = unix.Unlinkat(dir, tmp, 0) // left by a crashed recover
+	_ = unix.Unlinkat(dir, tmp, 0)
+	if err := s.roomFor(need, "the copy of the data on "+dev.Path); err != nil {
+		return err
+	}
 	fd, err := unix.Openat(dir, tmp, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return &os.PathError{Op: "create", Path: s.backingPath(tmp), Err: err}

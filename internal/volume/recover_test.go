@@ -83,6 +83,43 @@ func TestRecoverRefusedBeyondFreeSpace(t *testing.T) {
 	}
 }
 
+// TestRecoverAfterKilledRecover: the copy a killed recover left is
+// removed before the room for the new one is counted: a rerun, which
+// doctor advises, is not refused for the space the old copy held.
+func TestRecoverAfterKilledRecover(t *testing.T) {
+	ctx := context.Background()
+	s := smallStore(t, "ext4", 256<<20, Options{OvercommitRatio: 10})
+	data := make([]byte, 64<<20)
+	rand.New(rand.NewSource(1)).Read(data)
+	orphan(t, s, "v", 128<<20, data)
+	v, err := s.Get("v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What a recover killed midway left: a copy of the data.
+	if err := os.WriteFile(filepath.Join(s.Root(), recoverTempName(v.UUID)), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fillStore(t, s, 32<<20)
+	t.Cleanup(func() {
+		fillers, _ := filepath.Glob(filepath.Join(filepath.Dir(s.Root()), "filler-*"))
+		for _, f := range fillers {
+			os.Remove(f)
+		}
+	})
+	st, err := s.Recover(ctx, "v", RecoverOptions{})
+	if err != nil {
+		t.Fatalf("recover after a killed one, with room once its copy is gone: %v", err)
+	}
+	t.Cleanup(func() { s.Delete(ctx, "v", DetachOptions{}) })
+	if back, err := os.ReadFile(st.BackingFile); err != nil || !bytes.Equal(back[:len(data)], data) {
+		t.Fatalf("recovered file: %v; want the data", err)
+	}
+	if _, err := os.Lstat(filepath.Join(s.Root(), recoverTempName(v.UUID))); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the killed recover's copy: %v, want it gone", err)
+	}
+}
+
 // TestRecoverRefusesState: only a ready volume is recovered. An
 // unfinished one (creating, deleting) is refused with ErrNotReady, and a
 // record of a newer sparsevol with ErrNewer, before anything changes:
