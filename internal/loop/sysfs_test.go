@@ -3,7 +3,10 @@ package loop_test
 import (
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
+	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -41,4 +44,65 @@ func TestDevTMatchesNode(t *testing.T) {
 		return
 	}
 	t.Fatalf("%s not listed", path)
+}
+
+// TestReadersAreNoWrites: reads in flight, however many, never make a
+// device's write counters move or look busy with a write: a reader
+// (udev's probe, a backup) changes no data, and a copy that proves the
+// device unwritten by its counters must not be refused for it.
+func TestReadersAreNoWrites(t *testing.T) {
+	testutil.RequireRoot(t)
+	file := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(file, make([]byte, 64<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dev, err := loop.Get(testutil.Losetup(t, file, "--direct-io=on"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := loop.WritesOf(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var readers sync.WaitGroup
+	for i := range 4 {
+		readers.Go(func() {
+			fd, err := unix.Open(dev.Path, unix.O_RDONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer unix.Close(fd)
+			buf := unsafeAligned(1 << 20)
+			for off := int64(i) << 20; ; off = (off + 4<<20) % (64 << 20) {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := unix.Pread(fd, buf, off); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	deadline := time.Now().Add(time.Second)
+	for samples := 0; time.Now().Before(deadline); samples++ {
+		w, err := loop.WritesOf(dev)
+		if err != nil || w != before || !w.Idle() {
+			t.Errorf("sample %d under readers: %+v, %v; want %+v, no write in flight", samples, w, err, before)
+			break
+		}
+	}
+	close(stop)
+	readers.Wait()
+}
+
+// unsafeAligned returns n bytes aligned for O_DIRECT (4096).
+func unsafeAligned(n int) []byte {
+	b := make([]byte, n+4096)
+	off := 4096 - int(uintptr(unsafe.Pointer(&b[0]))&4095)
+	return b[off%4096 : off%4096+n]
 }

@@ -179,15 +179,17 @@ func opensOneOf(link string, devs map[string]string) bool {
 
 // Writes is what the kernel counted of the changes made to a loop
 // device's data (its partitions' count into it): completed writes and
-// discards, the sectors they covered, and the requests in flight.
-// Two equal readings with nothing in flight prove that no write
-// completed, or was under way, in between: a writer that opened the
-// device, wrote and closed between two Busy checks moves them.
+// discards, the sectors they covered, and the writes in flight (the
+// kernel counts a discard in flight as a write). Reads count nowhere
+// here: a reader (udev's probe, a backup) changes no data. Two equal
+// readings with no write in flight prove that no write completed, or
+// was under way, in between: a writer that opened the device, wrote and
+// closed between two Busy checks moves them.
 type Writes struct {
 	Writes, WriteSectors, Discards, DiscardSectors, InFlight uint64
 }
 
-// Idle reports whether nothing was in flight when w was read.
+// Idle reports whether no write was in flight when w was read.
 func (w Writes) Idle() bool { return w.InFlight == 0 }
 
 // WritesOf reads the counters of d (/sys/block/loopN/stat). Where the
@@ -208,12 +210,21 @@ func WritesOf(d *Device) (Writes, error) {
 		return Writes{}, fmt.Errorf("write counters of %s: %s/stat has %d fields, want at least 14", d.Path, dir, len(f))
 	}
 	var n [14]uint64
-	for _, i := range []int{4, 6, 8, 11, 13} { // see Documentation/block/stat.rst
+	for _, i := range []int{4, 6, 11, 13} { // see Documentation/block/stat.rst
 		x, err := strconv.ParseUint(f[i], 10, 64)
 		if err != nil {
 			return Writes{}, fmt.Errorf("write counters of %s: %s/stat: %w", d.Path, dir, err)
 		}
 		n[i] = x
 	}
-	return Writes{Writes: n[4], WriteSectors: n[6], InFlight: n[8], Discards: n[11], DiscardSectors: n[13]}, nil
+	// stat's in_flight sums reads and writes; inflight has them apart.
+	v, ok = readSysString(dir+"/inflight", buf)
+	if f = strings.Fields(v); !ok || len(f) != 2 {
+		return Writes{}, fmt.Errorf("write counters of %s: cannot read %s/inflight", d.Path, dir)
+	}
+	inFlight, err := strconv.ParseUint(f[1], 10, 64)
+	if err != nil {
+		return Writes{}, fmt.Errorf("write counters of %s: %s/inflight: %w", d.Path, dir, err)
+	}
+	return Writes{Writes: n[4], WriteSectors: n[6], InFlight: inFlight, Discards: n[11], DiscardSectors: n[13]}, nil
 }
