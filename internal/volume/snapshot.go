@@ -821,17 +821,11 @@ func (q *quiesced) settle(method CopyMethod) Consistency {
 	if c == ConsistencyFrozen {
 		return c
 	}
-	unwritten := !q.unproven
-	for _, d := range q.idle {
-		if w, err := loop.WritesOf(d.dev); err != nil || w != d.writes || !w.Idle() {
-			unwritten = false
-			break
-		}
-	}
-	if c == ConsistencyQuiet && !unwritten {
-		c = ConsistencyCrash
-	}
-	if c == ConsistencyQuiet && slices.ContainsFunc(q.idle, func(d idleDevice) bool { return loop.Busy(d.dev.Path) != nil }) {
+	unwritten := !q.unproven && !slices.ContainsFunc(q.idle, func(d idleDevice) bool {
+		w, err := loop.WritesOf(d.dev)
+		return err != nil || w != d.writes || !w.Idle()
+	})
+	if c == ConsistencyQuiet && (!unwritten || slices.ContainsFunc(q.idle, func(d idleDevice) bool { return loop.Busy(d.dev.Path) != nil })) {
 		c = ConsistencyCrash
 	}
 	if c == ConsistencyCrash && method != CopyReflink && !unwritten {
