@@ -61,19 +61,22 @@ func (m Manager) unitPath() []string {
 // is what lies below the mount point: not the store the unit names, maybe
 // an older one with the same volumes, whose data must not come up in
 // their place. Paths and fstab mount points are compared with their
-// symbolic links resolved, as systemd resolves a mount point.
+// symbolic links resolved, as systemd resolves a mount point; each path
+// and directory is resolved and looked up once (the instances of a store
+// share them).
 type mountGuard struct {
 	fstab     string
 	points    []string          // fstab mount points but /, resolved
 	unitPath  []string          // directories searched for mount units
 	unitFiles map[string]string // mountUnitFile's answers, by directory
+	resolved  map[string]string // paths resolved, by path as written
 	mounted   map[string]bool   // mount points of this mount namespace
 }
 
 // newMountGuard reads fstab and this mount namespace's mounts once. A
 // missing fstab lists no mount point.
 func newMountGuard(fstab string, unitPath []string) (*mountGuard, error) {
-	g := &mountGuard{fstab: fstab, unitPath: unitPath, unitFiles: map[string]string{}, mounted: map[string]bool{}}
+	g := &mountGuard{fstab: fstab, unitPath: unitPath, unitFiles: map[string]string{}, resolved: map[string]string{}, mounted: map[string]bool{}}
 	data, err := fsutil.ReadRegularFollowing(fstab, maxFstab)
 	switch {
 	case err == nil:
@@ -98,7 +101,12 @@ func newMountGuard(fstab string, unitPath []string) (*mountGuard, error) {
 // is defined; "" if there is none.
 func (g *mountGuard) unmounted(paths ...string) (point, where string) {
 	for _, p := range paths {
-		if p = resolved(p); !filepath.IsAbs(p) {
+		r, ok := g.resolved[p]
+		if !ok {
+			r = resolved(p)
+			g.resolved[p] = r
+		}
+		if p = r; !filepath.IsAbs(p) {
 			continue
 		}
 		for _, mp := range g.points {
@@ -120,8 +128,7 @@ func (g *mountGuard) unmounted(paths ...string) (point, where string) {
 
 // mountUnitFile returns the file that defines the mount unit of dir, the
 // first in the unit path as systemd loads it; "" if there is none, or
-// if the first is a mask (a link to /dev/null, or an empty file). Each
-// directory is looked up once (the instances of a store share theirs).
+// if the first is a mask (a link to /dev/null, or an empty file).
 func (g *mountGuard) mountUnitFile(dir string) string {
 	file, ok := g.unitFiles[dir]
 	if !ok {
