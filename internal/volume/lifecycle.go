@@ -175,18 +175,18 @@ func AttachEnabled(ctx context.Context, lc Lifecycle, opts Options) ([]*Status, 
 	// and a later store's raw volumes, bound after it, were refused
 	// before udev could look at them (errProbed) and detached again.
 	sts := make([][]*Status, len(roots))
-	errs := make([]error, len(roots)+1)
-	errs[len(roots)] = listErr
+	errs := make([]error, len(roots)+1) // listErr first, then each store's
+	errs[0] = listErr
 	parallel.For(len(roots), len(roots), func(i int) {
 		s, err := Open(roots[i], opts)
 		if err != nil {
-			errs[i] = err
+			errs[i+1] = err
 			return
 		}
 		if _, err := s.uuids(); err != nil {
 			s.log.Warn("sweeping the store", "error", err)
 		}
-		sts[i], errs[i] = s.AttachMany(ctx, byRoot[roots[i]])
+		sts[i], errs[i+1] = s.AttachMany(ctx, byRoot[roots[i]])
 	})
 	return slices.Concat(sts...), errors.Join(errs...)
 }
