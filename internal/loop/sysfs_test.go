@@ -6,7 +6,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -74,7 +73,13 @@ func TestReadersAreNoWrites(t *testing.T) {
 				return
 			}
 			defer unix.Close(fd)
-			buf := unsafeAligned(1 << 20)
+			// Page-aligned, as O_DIRECT wants.
+			buf, err := unix.Mmap(-1, 0, 1<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer unix.Munmap(buf)
 			for off := int64(i) << 20; ; off = (off + 4<<20) % (64 << 20) {
 				select {
 				case <-stop:
@@ -98,11 +103,4 @@ func TestReadersAreNoWrites(t *testing.T) {
 	}
 	close(stop)
 	readers.Wait()
-}
-
-// unsafeAligned returns n bytes aligned for O_DIRECT (4096).
-func unsafeAligned(n int) []byte {
-	b := make([]byte, n+4096)
-	off := 4096 - int(uintptr(unsafe.Pointer(&b[0]))&4095)
-	return b[off%4096 : off%4096+n]
 }

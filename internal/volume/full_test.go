@@ -48,6 +48,7 @@ func fillStore(t *testing.T, s *Store, free int64) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { os.Remove(f.Name()) })
 	defer f.Close()
 	if n := freeBytes(t, s) - free; n > 0 {
 		if err := unix.Fallocate(int(f.Fd()), 0, 0, n); err != nil {
